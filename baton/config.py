@@ -1,0 +1,91 @@
+"""Frozen configuration objects, one per concern, built once in `main` and passed down.
+
+Nothing below `baton/cli.py` reads `os.environ`; every knob is a field here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """Map "float32" | "bfloat16" | "float16" to a torch dtype; ValueError otherwise."""
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache shape.
+
+    block_size: tokens per KV block. kv_cache_memory_bytes: budget for the whole cache in bytes
+    (num_blocks = budget // bytes_per_block) unless num_blocks is given (tests use tiny pools).
+    enable_prefix_caching: reuse full blocks whose chained hash and tokens match.
+    """
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 2 << 30
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be ≥ 2, got {self.num_blocks}")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching budgets.
+
+    max_num_batched_tokens: tokens (prefill + decode) in one forward step.
+    max_num_seqs: sequences running at once.
+    long_prefill_token_threshold: cap on one request's prefill tokens per step, so one huge
+    prompt cannot stall the running decodes (chunked prefill); 0 = no per-request cap.
+    """
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    long_prefill_token_threshold: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be ≥ 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be ≥ 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be ≥ 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one engine (one worker) needs.
+
+    model: a registered name (e.g. "smollm2-135m") or a Hugging Face folder path.
+    dtype: "float32" | "bfloat16" | "float16" (weights, activations and KV cache).
+    max_model_len: context limit in tokens; None = the model's max_position_embeddings.
+    seed: seed of the default RNG used by unseeded sampled requests.
+    """
+
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be ≥ 1")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)

@@ -1,0 +1,94 @@
+"""Offline entry point in vLLM's shape: `LLM(model=...).generate(prompts, sampling_params)`."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+
+from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+from baton.engine import LLMEngine
+from baton.outputs import CompletionOutput, RequestOutput
+from baton.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """Runs prompts to completion on one in-process engine.
+
+    Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
+    num_blocks, kv_cache_memory_bytes, enable_prefix_caching) or SchedulerConfig
+    (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold).
+    Raises TypeError for an unknown keyword, ValueError for bad values.
+    """
+
+    def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", **kwargs) -> None:
+        cache_keys = CacheConfig.__dataclass_fields__.keys()
+        sched_keys = SchedulerConfig.__dataclass_fields__.keys()
+        engine_keys = {"max_model_len", "seed"}
+        unknown = set(kwargs) - set(cache_keys) - set(sched_keys) - engine_keys
+        if unknown:
+            raise TypeError(f"unknown LLM arguments: {sorted(unknown)}")
+        config = EngineConfig(
+            model=model, dtype=dtype,
+            cache=CacheConfig(**{k: v for k, v in kwargs.items() if k in cache_keys}),
+            scheduler=SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_keys}),
+            **{k: v for k, v in kwargs.items() if k in engine_keys},
+        )
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (text, or a list of token ids); outputs in prompt order.
+
+        A single prompt may be passed bare. `sampling_params` is one for all or one per
+        prompt (default: SamplingParams()). Raises ValueError on a bad prompt (nothing is
+        left queued).
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        results: list[RequestOutput] = []
+        pending: dict[str, tuple[RequestOutput, int]] = {}
+        try:
+            for prompt, p in zip(prompts, params):
+                results.append(self._add(prompt, p, pending))
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    res, idx = pending[out.request_id]
+                    comp = res.outputs[idx]
+                    comp.token_ids.extend(out.new_token_ids)
+                    comp.text += out.text_delta
+                    if comp.logprobs is not None:
+                        comp.logprobs.extend(out.logprobs)
+                    if out.finished:
+                        comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
+                        if idx == 0:
+                            res.num_cached_tokens = out.num_cached_tokens
+        finally:
+            for rid in list(self.engine.requests):
+                self.engine.abort_request(rid)
+        return results
+
+    def _add(self, prompt: Prompt, params: SamplingParams, pending) -> RequestOutput:
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+        base = str(next(self._ids))
+        res = RequestOutput(base, text, ids, [], num_cached_tokens=0)
+        for i in range(params.n):
+            sub = params if params.n == 1 else replace(
+                params, n=1, seed=None if params.seed is None else params.seed + i)
+            rid = base if params.n == 1 else f"{base}-{i}"
+            self.engine.add_request(rid, ids, sub)
+            res.outputs.append(CompletionOutput(
+                i, "", [], None, logprobs=[] if params.logprobs is not None else None))
+            pending[rid] = (res, i)
+        return res

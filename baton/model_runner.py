@@ -1,0 +1,113 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, samples.
+
+Row order inside a step: single-token decodes first, then prefill chunks, so decode rows use
+the batched paged-decode kernel and prefill rows the variable-length prefix kernel.
+
+    scheduled: [A: decode 1 tok] [B: decode 1 tok] [C: prefill 5 tok] [D: chunk 3 tok]
+    input_ids:   a                b                 c0 c1 c2 c3 c4      d0 d1 d2
+    slot_mapping: slot(A, pos)    slot(B, pos)      slot(C, 0..4)       slot(D, n..n+2)
+    logits rows:  A, B, C (last token), D only if its chunk completes the prompt
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baton.models.decoder import AttentionMetadata, DecoderModel
+from baton.request import Request
+from baton.sampler import Sampler, SamplerOutput
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: `num_new_tokens` tokens from `num_computed_tokens` on."""
+
+    request: Request
+    num_new_tokens: int
+    block_table: list[int]
+
+    @property
+    def completes_prompt(self) -> bool:
+        """True when this step computes the request's last known token (so it samples)."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+class ModelRunner:
+    """Owns the KV tensor and runs one forward + sample per step.
+
+    kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size], model dtype.
+    """
+
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        s = model.shape
+        self.kv_cache = torch.zeros(num_blocks, s.num_layers, 2, block_size, s.num_kv_heads,
+                                    s.head_size, dtype=model.dtype)
+        self.sampler = Sampler()
+
+    @staticmethod
+    def bytes_per_block(model: DecoderModel, block_size: int) -> int:
+        s = model.shape
+        return (s.num_layers * 2 * block_size * s.num_kv_heads * s.head_size
+                * torch.empty(0, dtype=model.dtype).element_size())
+
+    def execute(self, batch: list[ScheduledRequest]) -> tuple[list[ScheduledRequest],
+                                                              SamplerOutput | None]:
+        """Run one step. Returns the rows that sampled (in output order) and their samples."""
+        batch = sorted(batch, key=lambda s: s.num_new_tokens != 1 or not s.completes_prompt)
+        input_ids, positions, meta = self._prepare(batch)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
+        ends = torch.tensor([s.num_new_tokens for s in batch]).cumsum(0) - 1
+        sampling = [i for i, s in enumerate(batch) if s.completes_prompt]
+        if not sampling:
+            return [], None
+        logits = self.model.compute_logits(hidden[ends[sampling]])
+        rows = [batch[i] for i in sampling]
+        out = self.sampler(logits, [r.request.sampling_params for r in rows],
+                           [r.request.generator for r in rows])
+        return rows, out
+
+    def _prepare(self, batch: list[ScheduledRequest]):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        num_decode = 0
+        for s in batch:
+            r, start = s.request, s.request.num_computed_tokens
+            end = start + s.num_new_tokens
+            ids.extend(r.all_token_ids[start:end])
+            p = range(start, end)
+            pos.extend(p)
+            table = s.block_table
+            slots.extend(table[i // bs] * bs + i % bs for i in p)
+            if s.num_new_tokens == 1 and s.completes_prompt and num_decode == len(ids) - 1:
+                num_decode += 1
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                                 num_decode_tokens=num_decode)
+        dec, pre = batch[:num_decode], batch[num_decode:]
+        if dec:
+            meta.decode_block_tables = _pad_tables([s.block_table for s in dec])
+            meta.decode_context_lens = torch.tensor(
+                [s.request.num_computed_tokens + 1 for s in dec], dtype=torch.int32)
+        if pre:
+            meta.prefill_block_tables = _pad_tables([s.block_table for s in pre])
+            q_lens = torch.tensor([s.num_new_tokens for s in pre], dtype=torch.int32)
+            meta.prefill_query_start_loc = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(
+                torch.int32)
+            meta.prefill_seq_lens = torch.tensor(
+                [s.request.num_computed_tokens + s.num_new_tokens for s in pre],
+                dtype=torch.int32)
+        return (torch.tensor(ids, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64), meta)
+
+
+def _pad_tables(tables: list[list[int]]) -> torch.Tensor:
+    """Block tables → [B, max_blocks] int32, padded with 0 (never read past a sequence's end)."""
+    width = max(len(t) for t in tables)
+    out = torch.zeros(len(tables), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    return out

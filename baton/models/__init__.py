@@ -1,0 +1,1 @@
+"""Model registry, weight loading and Baton's own paged forward pass."""

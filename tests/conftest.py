@@ -1,0 +1,36 @@
+"""Test-wide setup: Triton's CPU interpreter, loopback-only UCX, small thread counts.
+
+These must be set before triton, torch or nixl are imported anywhere, so they live at the
+top of the root conftest.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+from tests.tiny_models import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """Folder of a tiny random Llama (GQA 4:2, untied embeddings) with a BPE tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    """Folder of a tiny random Qwen2 (q/k/v bias, tied embeddings, GQA 4:1)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """Folder of a tiny random Qwen3 (q/k RMS norm, explicit head_dim, GQA 3:1)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), arch="qwen3")
