@@ -36,6 +36,19 @@ logger = logging.getLogger(__name__)
 class _Tracked:
     request: Request
     detok: IncrementalDetokenizer
+    hold_blocks: bool = False
+
+
+@dataclass(frozen=True)
+class RemotePrefillPlan:
+    """Decode side of a remote prefill: the prompt's blocks are allocated, the decode worker
+    already holds KV for `num_cached_tokens` (block aligned), and the prefill worker must
+    write the prompt's blocks from `num_cached_tokens // block_size` on into `dst_block_ids`.
+    """
+
+    request_id: str
+    num_cached_tokens: int
+    dst_block_ids: list[int]
 
 
 class LLMEngine:
@@ -57,6 +70,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Tracked] = {}
+        self.held: dict[str, Request] = {}  # finished prefill-role requests holding blocks
         torch.manual_seed(config.seed)
 
     def _max_model_len(self, cache_tokens: int) -> int:
@@ -85,8 +99,18 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> Request:
-        """Queue a request. Raises ValueError for a bad prompt or limits, KeyError-free."""
+                    params: SamplingParams, hold_blocks: bool = False) -> Request:
+        """Queue a request. Raises ValueError for a bad prompt or limits.
+
+        hold_blocks (prefill role): when the request finishes normally its blocks stay
+        referenced until `release_blocks(request_id)`, so they can be sent to a decode worker.
+        """
+        req = self._new_request(request_id, prompt_token_ids, params, hold_blocks)
+        self.scheduler.add(req)
+        return req
+
+    def _new_request(self, request_id: str, prompt_token_ids: list[int],
+                     params: SamplingParams, hold_blocks: bool = False) -> Request:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} already exists")
         if not prompt_token_ids:
@@ -107,14 +131,97 @@ class LLMEngine:
         if params.seed is not None:
             req.generator = make_generator(params.seed)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
-        self.requests[request_id] = _Tracked(req, detok)
-        self.scheduler.add(req)
+        self.requests[request_id] = _Tracked(req, detok, hold_blocks)
         return req
+
+    # ---- remote prefill (decode role) ----------------------------------------------------
+    def add_remote_request(self, request_id: str, prompt_token_ids: list[int],
+                           params: SamplingParams,
+                           min_remote_tokens: int = 0) -> RemotePrefillPlan | None:
+        """Admit a request whose prompt KV may come from a prefill worker.
+
+        Conditional disaggregation: when the uncached suffix is shorter than
+        `min_remote_tokens`, or the pool cannot hold the whole prompt now, the request is
+        queued for local prefill and None is returned. Otherwise the prompt's blocks are
+        allocated, the request waits in WAITING_FOR_REMOTE_KV (never scheduled, never
+        preempted) and the plan says which blocks the prefill worker must fill. Follow with
+        `finish_remote_prefill` or `fail_remote_prefill`. Raises ValueError like add_request.
+        """
+        req = self._new_request(request_id, prompt_token_ids, params)
+        hits, num_cached = self.kv.get_computed_blocks(request_id, req.prompt_token_ids)
+        if req.num_prompt_tokens - num_cached < max(1, min_remote_tokens):
+            self.scheduler.add(req)
+            return None
+        if self.kv.allocate_slots(request_id, req.num_prompt_tokens, hits) is None:
+            self.scheduler.add(req)
+            return None
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        req.num_computed_tokens = req.num_cached_tokens = num_cached
+        table = self.kv.block_table(request_id)
+        return RemotePrefillPlan(request_id, num_cached,
+                                 table[num_cached // self.kv.block_size:])
+
+    def finish_remote_prefill(self, request_id: str, first_token_id: int,
+                              logprob: TokenLogprob | None = None) -> StepOutput:
+        """The prompt's KV has fully arrived: join the running batch with the first token.
+
+        Raises KeyError if the request is not waiting for remote KV.
+        """
+        tracked = self._remote(request_id)
+        req = tracked.request
+        req.num_computed_tokens = req.num_prompt_tokens
+        self.kv.cache_blocks(request_id, req.all_token_ids, req.num_computed_tokens)
+        req.status = RequestStatus.RUNNING
+        self.scheduler.running.append(req)
+        return self._accept_token(tracked, first_token_id, [logprob] if logprob else [])
+
+    def fail_remote_prefill(self, request_id: str, recompute: bool,
+                            error: str = "remote prefill failed") -> StepOutput | None:
+        """The remote prefill failed or timed out. With `recompute`, prefill locally from the
+        decode worker's own cached prefix (the transferred blocks' contents are never used:
+        they are overwritten); else finish the request with an error.
+
+        Only call once no transfer can still be writing into the request's blocks.
+        Raises KeyError if the request is not waiting for remote KV.
+        """
+        tracked = self._remote(request_id)
+        req = tracked.request
+        if recompute:
+            req.num_computed_tokens = req.num_cached_tokens
+            req.status = RequestStatus.RUNNING
+            self.scheduler.running.append(req)
+            return None
+        del self.requests[request_id]
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        out = self._output(tracked, [], "", [])
+        out.error = error
+        return out
+
+    def _remote(self, request_id: str) -> _Tracked:
+        tracked = self.requests[request_id]
+        if tracked.request.status != RequestStatus.WAITING_FOR_REMOTE_KV:
+            raise KeyError(f"request {request_id!r} is not waiting for remote KV")
+        return tracked
+
+    # ---- held blocks (prefill role) -------------------------------------------------------
+    def held_block_table(self, request_id: str) -> list[int]:
+        """Block ids of a finished request whose blocks are held (KeyError if none)."""
+        if request_id not in self.held:
+            raise KeyError(f"no held blocks for {request_id!r}")
+        return self.kv.block_table(request_id)
+
+    def release_blocks(self, request_id: str) -> bool:
+        """End the hold on a finished request's blocks (to the prefix cache). False if none."""
+        if self.held.pop(request_id, None) is None:
+            return False
+        self.kv.free(request_id)
+        return True
 
     def abort_request(self, request_id: str) -> StepOutput | None:
         """Abort in any state; frees its blocks. Returns its final output, None if unknown."""
         tracked = self.requests.pop(request_id, None)
         if tracked is None:
+            self.release_blocks(request_id)
             return None
         self.scheduler.finish(tracked.request, RequestStatus.FINISHED_ABORTED)
         return self._output(tracked, [], "", [])
@@ -149,19 +256,28 @@ class LLMEngine:
         top_vals = top[1].tolist() if top is not None else None
         for i, row in enumerate(rows):
             tracked = self.requests[row.request.request_id]
-            req, token = tracked.request, token_ids[i]
-            req.append_output_token(token)
+            token = token_ids[i]
             lps = []
-            if req.sampling_params.logprobs is not None:
-                k = req.sampling_params.logprobs
+            k = tracked.request.sampling_params.logprobs
+            if k is not None:
                 lps = [TokenLogprob(token, chosen_lp[i],
                                     dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {})]
-            status, delta = self._check_stop(tracked, token)
-            if status is not None:
-                self.scheduler.finish(req, status)
-                del self.requests[req.request_id]
-            outputs.append(self._output(tracked, [token], delta, lps))
+            outputs.append(self._accept_token(tracked, token, lps))
         return outputs
+
+    def _accept_token(self, tracked: _Tracked, token: int,
+                      lps: list[TokenLogprob]) -> StepOutput:
+        """Append a sampled token, stream its text, finish the request if it stops."""
+        req = tracked.request
+        req.append_output_token(token)
+        status, delta = self._check_stop(tracked, token)
+        if status is not None:
+            del self.requests[req.request_id]
+            hold = tracked.hold_blocks and status <= RequestStatus.FINISHED_LENGTH
+            self.scheduler.finish(req, status, free=not hold)
+            if hold:
+                self.held[req.request_id] = req
+        return self._output(tracked, [token], delta, lps)
 
     def _check_stop(self, tracked: _Tracked, token: int) -> tuple[RequestStatus | None, str]:
         req, params = tracked.request, tracked.request.sampling_params

@@ -220,9 +220,11 @@ class KVCacheManager:
             if not entry.blocks:
                 del self.requests[request_id]
             return None
-        self.pool.touch(new_computed_blocks)
-        entry.blocks.extend(new_computed_blocks)
-        entry.num_cached_blocks = len(entry.blocks)
+        if new_computed_blocks:
+            assert not entry.blocks, "prefix hits are only taken by a request's first allocation"
+            self.pool.touch(new_computed_blocks)
+            entry.blocks.extend(new_computed_blocks)
+            entry.num_cached_blocks = len(entry.blocks)
         new = self.pool.allocate(need)
         entry.blocks.extend(new)
         return new

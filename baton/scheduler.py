@@ -7,7 +7,6 @@ under a per-step token budget. Design after vLLM v1's scheduler and nano-vllm's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 
 from baton.config import SchedulerConfig
 from baton.kv_cache import KVCacheManager
@@ -104,16 +103,14 @@ class Scheduler:
         req.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def finish(self, req: Request, status: RequestStatus) -> None:
-        """End a request in any state: drop it from the queues and release its blocks."""
+    def finish(self, req: Request, status: RequestStatus, free: bool = True) -> None:
+        """End a request in any state: drop it from the queues and (if `free`) release its
+        blocks; free=False keeps them referenced for a KV transfer (prefill role)."""
         assert status.is_finished, status
         req.status = status
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req.request_id)
-
-    def finish_all(self, reqs: Iterable[Request], status: RequestStatus) -> None:
-        for r in list(reqs):
-            self.finish(r, status)
+        if free:
+            self.kv.free(req.request_id)
