@@ -226,7 +226,20 @@ class LLMEngine:
         self.scheduler.finish(tracked.request, RequestStatus.FINISHED_ABORTED)
         return self._output(tracked, [], "", [])
 
+    def fail_running(self, error: str) -> list[StepOutput]:
+        """After a failed step: end every running request with an error (blocks freed)."""
+        outs = []
+        for req in list(self.scheduler.running):
+            tracked = self.requests.pop(req.request_id, None)
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+            if tracked is not None:
+                out = self._output(tracked, [], "", [])
+                out.error = error
+                outs.append(out)
+        return outs
+
     def has_unfinished_requests(self) -> bool:
+        """True while there is work to step (waiting or running; not remote-KV waits)."""
         return self.scheduler.has_unfinished()
 
     @property

@@ -1,0 +1,143 @@
+"""Turns one step's logits into next tokens, one row per running sequence.
+
+Per row: temperature, then top-k, top-p and min-p filtering, then one draw, all vectorized
+over the batch with the per-row parameters held as tensors. Greedy rows take the argmax.
+
+Drawing (the exponential race, a form of the Gumbel-max trick): with q_i ~ Exp(1)
+independent, argmax_i p_i / q_i is distributed as Categorical(p), because
+q_i / p_i ~ Exp(p_i) and the smallest of independent exponentials is the i-th with
+probability p_i / sum_j p_j (Gumbel 1954; Maddison, Tarlow & Minka, "A* Sampling", 2014;
+vLLM's `random_sample` in vllm/v1/sample/ops/topk_topp_sampler.py samples the same way).
+So each row needs exactly one draw of V exponentials per step, whatever its parameters.
+A row with its own `torch.Generator` (a seeded request) draws only from it, so a seed gives
+the same tokens whatever else shares the batch; the other rows share one batched draw from
+the default RNG.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from baton.sampling_params import SamplingParams
+
+
+class SamplerOutput(NamedTuple):
+    """token_ids: [B] int64. logprobs: [B] float32, log_softmax(raw logits) at token_ids.
+
+    top_logprobs: None when no row asked for logprobs, else (ids [B, k] int64,
+    logprobs [B, k] float32), sorted by descending logprob, where k is the largest
+    `logprobs` asked for in the batch; a row that asked for fewer uses its first columns.
+    """
+
+    token_ids: Tensor
+    logprobs: Tensor
+    top_logprobs: tuple[Tensor, Tensor] | None
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded once with `seed`, for one seeded request (device = logits' device)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+class Sampler:
+    """Stateless; call it with a step's logits, the rows' params and their generators."""
+
+    def __call__(self, logits: Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> SamplerOutput:
+        """logits: [B, V] float32 (raw, before temperature); params, generators: length B."""
+        assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators), (
+            f"logits {tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+        logits = logits.float()
+        greedy = [p.is_greedy for p in params]
+        token_ids = logits.argmax(dim=-1)
+        if not all(greedy):
+            sampled = _sample(logits, params, generators, greedy)
+            mask = torch.tensor(greedy, device=logits.device)
+            token_ids = torch.where(mask, token_ids, sampled)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [B, 1]
+        logprobs = (logits.gather(1, token_ids[:, None]) - lse).squeeze(1)
+        return SamplerOutput(token_ids, logprobs, _top_logprobs(logits, lse, params))
+
+
+def _sample(logits: Tensor, params: list[SamplingParams],
+            generators: list[torch.Generator | None], greedy: list[bool]) -> Tensor:
+    """[B] int64 samples for every row (greedy rows' values are discarded by the caller)."""
+    device, vocab = logits.device, logits.shape[1]
+    temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                         dtype=torch.float32, device=device)
+    scaled = logits / temps[:, None]
+    sampling = [p for p, g in zip(params, greedy) if not g]
+    if any(p.top_k_enabled or p.top_p < 1.0 for p in sampling):
+        top_k = torch.tensor([p.top_k if p.top_k_enabled and not g else vocab
+                              for p, g in zip(params, greedy)], device=device)
+        top_p = torch.tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)],
+                             dtype=torch.float32, device=device)
+        scaled = apply_top_k_top_p(scaled, top_k.clamp_(max=vocab), top_p)
+    if any(p.min_p > 0.0 for p in sampling):
+        min_p = torch.tensor([0.0 if g else p.min_p for p, g in zip(params, greedy)],
+                             dtype=torch.float32, device=device)
+        scaled = apply_min_p(scaled, min_p)
+    probs = scaled.softmax(dim=-1)
+    q = _exponentials(probs, generators, greedy)
+    return probs.div_(q).argmax(dim=-1)
+
+
+def _exponentials(probs: Tensor, generators: list[torch.Generator | None],
+                  greedy: list[bool]) -> Tensor:
+    """[B, V] Exp(1) draws: one V-sized draw per seeded row from its own generator; one
+    batched draw from the default RNG covers the other rows (greedy rows ignore theirs)."""
+    if any(g is None and not gr for g, gr in zip(generators, greedy)):
+        q = torch.empty_like(probs).exponential_()
+    else:
+        q = torch.ones_like(probs)
+    for i, (g, gr) in enumerate(zip(generators, greedy)):
+        if g is not None and not gr:  # drawn on the generator's own device, then moved
+            q[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g)
+    # Exp(1) can round to 0.0; 0/0 would be NaN, which argmax treats as the maximum and
+    # could pick a filtered-out token.
+    return q.clamp_min_(torch.finfo(q.dtype).tiny)
+
+
+def apply_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf.
+
+    logits: [B, V] float32; top_k: [B] int64 in [1, V] (V = off); top_p: [B] float32 in
+    (0, 1] (1 = off). Top-p keeps the smallest set of most likely tokens whose probability,
+    renormalized after top-k, sums to >= p (Holtzman et al., "The Curious Case of Neural
+    Text Degeneration", 2019). One ascending sort serves both, as in vLLM's
+    `apply_top_k_top_p`. Ties with the k-th logit are kept.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[1]
+    kth = sorted_logits.gather(1, (vocab - top_k)[:, None])  # [B, 1] k-th largest logit
+    sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # [B, V] ascending mass
+    drop = cum <= (1.0 - top_p)[:, None]
+    drop[:, -1] = False  # the most likely token always stays
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
+    """Set to -inf the logits whose probability is below min_p * the row's top probability.
+
+    logits: [B, V] float32; min_p: [B] float32 in [0, 1]. Done in log space:
+    p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p) (Nguyen et al., "Min-p
+    Sampling", 2024). The threshold is unchanged by the renormalization after top-k/top-p.
+    """
+    threshold = logits.amax(dim=-1, keepdim=True) + min_p.log()[:, None]  # log(0) = -inf
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _top_logprobs(logits: Tensor, lse: Tensor,
+                  params: list[SamplingParams]) -> tuple[Tensor, Tensor] | None:
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    if not asked:
+        return None
+    k = min(max(asked), logits.shape[1])
+    values, ids = logits.topk(k, dim=-1, sorted=True)  # log_softmax is monotone in logits
+    return ids, values - lse

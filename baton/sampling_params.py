@@ -1,0 +1,120 @@
+"""Per-request sampling parameters, in the shape of vLLM's `SamplingParams`.
+
+Order of operations in the `Sampler` (baton/sampler.py): temperature, then top-k, top-p,
+min-p, then one draw. Stop conditions (`stop`, `stop_token_ids`, eos, `max_tokens`,
+`min_tokens`) are applied by the engine and the `IncrementalDetokenizer`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Temperatures below this are greedy: logits / T would overflow float32 long before T = 0
+# (vLLM uses the same threshold, `_SAMPLING_EPS`).
+SAMPLING_EPS = 1e-5
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the tokens of one request.
+
+    n: number of completions for the prompt.
+    temperature: logits are divided by it; 0 means greedy (argmax).
+    top_p: keep the smallest set of most likely tokens whose probability sums to >= top_p.
+    top_k: keep the k most likely tokens; 0 or -1 turns it off.
+    min_p: keep tokens whose probability is >= min_p * the most likely token's probability.
+    seed: makes this request's samples reproducible whatever else is in the batch.
+    max_tokens: most tokens to generate; None lets the engine go up to the context limit.
+    min_tokens: eos, `stop_token_ids` and stop strings are ignored before this many tokens.
+    stop: strings that end generation; the output is cut before them (a str is one stop).
+    stop_token_ids: token ids that end generation (besides eos).
+    ignore_eos: keep generating after eos.
+    logprobs: None for none; 0 for the chosen token's logprob only; k for it and the top k.
+    include_stop_str_in_output: keep the matched stop string at the end of the output.
+    skip_special_tokens: leave special tokens out of the output text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_int("n", self.n, low=1)
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k, low=-1)
+        _check_number("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("min_tokens", self.min_tokens, low=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens "
+                             f"({self.max_tokens})")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise ValueError(f"stop must hold strings, got {s!r}")
+            if not s:
+                raise ValueError("stop must not contain an empty string")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, low=0)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the sampler takes the argmax (temperature ~ 0)."""
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def top_k_enabled(self) -> bool:
+        return self.top_k > 0
+
+    @property
+    def max_stop_len(self) -> int:
+        """Length of the longest stop string (0 without stop strings)."""
+        return max((len(s) for s in self.stop), default=0)
+
+
+def _check_int(name: str, value: object, low: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value != value:  # NaN compares false with everything and would slip through
+        raise ValueError(f"{name} must not be NaN")

@@ -1,0 +1,81 @@
+"""The engine thread bridge: streaming, abort on early exit, bad input, step failures."""
+import asyncio
+
+import pytest
+
+from baton import LLM, SamplingParams
+from baton.async_engine import AsyncEngine
+from tests.reference import hf_greedy
+
+
+@pytest.fixture
+def engine(tiny_llama):
+    return LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+
+
+async def test_concurrent_streams_match_reference(engine, tiny_llama):
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        prompts = [list(range(3, 3 + n)) for n in (5, 17, 30)]
+
+        async def run(i, p):
+            return [t async for out in ae.generate(f"r{i}", p, params) for t in out.new_token_ids]
+
+        results = await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts)))
+        for p, r in zip(prompts, results):
+            assert r == hf_greedy(tiny_llama, p, 6)
+    finally:
+        ae.shutdown()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+async def test_consumer_leaving_early_aborts_and_frees(engine):
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+        gen = ae.generate("r", list(range(3, 40)), params)
+        await gen.__anext__()
+        await gen.aclose()
+        assert await ae.call(lambda e: e.kv.num_free_blocks) == engine.kv.num_blocks
+        assert not engine.requests
+    finally:
+        ae.shutdown()
+
+
+async def test_bad_request_raises_and_engine_keeps_serving(engine):
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        with pytest.raises(ValueError):
+            async for _ in ae.generate("bad", [], SamplingParams()):
+                pass
+        outs = [o async for o in ae.generate("ok", [5, 6, 7], SamplingParams(max_tokens=2))]
+        assert outs[-1].finished
+    finally:
+        ae.shutdown()
+
+
+async def test_step_failure_fails_requests_not_the_loop(engine, monkeypatch):
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        real = engine.runner.execute
+        calls = {"n": 0}
+
+        def flaky(batch):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("boom")
+            return real(batch)
+
+        monkeypatch.setattr(engine.runner, "execute", flaky)
+        outs = [o async for o in ae.generate("a", [5, 6, 7], SamplingParams(max_tokens=3))]
+        assert outs[-1].finish_reason == "error" and "boom" in outs[-1].error
+        outs = [o async for o in ae.generate("b", [5, 6, 7], SamplingParams(max_tokens=3))]
+        assert outs[-1].finished and outs[-1].finish_reason == "length"
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    finally:
+        ae.shutdown()

@@ -1,0 +1,211 @@
+"""IncrementalDetokenizer: streaming equals a full decode, UTF-8 safety, stop strings."""
+from pathlib import Path
+
+import pytest
+
+from baton.detokenizer import DetokenizerUpdate, IncrementalDetokenizer
+from baton.sampling_params import SamplingParams
+from tests.tiny_models import train_tokenizer
+
+MULTIBYTE_TEXTS = [
+    "héllo wörld, naïve café",
+    "日本語のテキスト and more 日本語",
+    "emoji 🚀🔥 rocket fire 🚀🚀🔥",
+    "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n",
+    "mixed: é日🚀x🔥ö語 done",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer()
+
+
+def _prompt(tok) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True,
+                                   add_generation_prompt=True, return_dict=False)
+
+
+def _stream(tok, ids, params, step=1, flush=True):
+    """Feed ids `step` at a time; return (deltas, detokenizer, stop_string)."""
+    detok = IncrementalDetokenizer(tok, _prompt(tok), params)
+    deltas, stop = [], None
+    for i in range(0, len(ids), step):
+        upd = detok.update(ids[i:i + step])
+        assert isinstance(upd, DetokenizerUpdate)
+        deltas.append(upd.text_delta)
+        if upd.stop_string is not None:
+            stop = upd.stop_string
+            break
+    if flush and stop is None:
+        deltas.append(detok.flush())
+    return deltas, detok, stop
+
+
+@pytest.mark.parametrize("text", MULTIBYTE_TEXTS)
+@pytest.mark.parametrize("step", [1, 3])
+def test_streaming_equals_full_decode(tok, text, step):
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode([i]) for i in ids) or text.isascii()
+    deltas, detok, _ = _stream(tok, ids, SamplingParams(), step=step)
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert detok.output_text == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_skipped_or_kept(tok, skip):
+    ids = tok.encode("café 🚀") + [tok.eos_token_id] + tok.encode(" after") + [1, 0]
+    deltas, _, _ = _stream(tok, ids, SamplingParams(skip_special_tokens=skip))
+    expected = tok.decode(ids, skip_special_tokens=skip)
+    assert "".join(deltas) == expected
+    assert ("<|im_end|>" in expected) is (not skip)
+
+
+def test_text_is_held_only_until_the_character_completes(tok):
+    ids = tok.encode("🚀")
+    assert len(ids) > 1  # the rocket's 4 bytes span several tokens
+    detok = IncrementalDetokenizer(tok, [], SamplingParams())
+    deltas = [detok.update([i]).text_delta for i in ids]
+    assert deltas[:-1] == [""] * (len(ids) - 1) and deltas[-1] == "🚀"
+
+
+def test_decoding_window_stays_small(tok):
+    """O(window) per token: decode never sees more than a few ids."""
+    sizes = []
+
+    class Spy:
+        def decode(self, ids, skip_special_tokens):
+            sizes.append(len(ids))
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    ids = tok.encode(" ".join(MULTIBYTE_TEXTS) * 5)
+    detok = IncrementalDetokenizer(Spy(), _prompt(tok), SamplingParams(stop=["zzz"]))
+    text = "".join(detok.update([i]).text_delta for i in ids) + detok.flush()
+    assert text == tok.decode(ids)
+    assert len(ids) > 300 and max(sizes) <= 12
+
+
+def test_undecodable_bytes_are_released_after_a_few_tokens(tok):
+    lone_lead = tok.convert_tokens_to_ids("ð")  # byte 0xF0 alone: never completes
+    ids = [lone_lead] + tok.encode(" hello world again and again")
+    deltas, _, _ = _stream(tok, ids, SamplingParams())
+    assert "".join(deltas) == tok.decode(ids)
+    assert "".join(deltas[:-1]).startswith("\ufffd")  # streamed before the end
+
+
+def _stop_case(tok, text, stops, include=False, step=1):
+    ids = tok.encode(text)
+    params = SamplingParams(stop=stops, include_stop_str_in_output=include)
+    return _stream(tok, ids, params, step=step)
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_stop_string_across_tokens_is_cut_and_never_leaked(tok, step):
+    text = "The quick brown fox jumps over the lazy dog."
+    stop = "n fox j"
+    ids = tok.encode(text)
+    pieces = [tok.decode([i]) for i in ids]
+    assert not any(stop in p for p in pieces)  # it spans several tokens
+    deltas, detok, found = _stop_case(tok, text, [stop], step=step)
+    expected = text[:text.index(stop)]
+    assert found == stop and "".join(deltas) == expected == detok.output_text
+    streamed = ""
+    for d in deltas:  # every intermediate stream is a prefix of the final output
+        streamed += d
+        assert expected.startswith(streamed)
+    with pytest.raises(RuntimeError):
+        detok.update([ids[-1]])
+
+
+def test_include_stop_str_in_output(tok):
+    text = "Agents call tools, read results and call tools again."
+    deltas, detok, found = _stop_case(tok, text, ["results"], include=True)
+    assert found == "results"
+    assert "".join(deltas) == detok.output_text == "Agents call tools, read results"
+
+
+def test_earliest_stop_wins_whatever_the_order(tok):
+    text = "Flight UA 123 from SFO to JFK departs at 10:45."
+    for stops in (["JFK", "SFO"], ["SFO", "JFK"], ["departs", "UA 1"]):
+        deltas, _, found = _stop_case(tok, text, stops)
+        first = min(stops, key=lambda s: text.index(s) + len(s))
+        assert found == first and "".join(deltas) == text[:text.index(first)]
+    # The first to complete wins, even if a longer one started earlier.
+    deltas, _, found = _stop_case(tok, text, ["SFO to JFK", "to"])
+    assert found == "to" and "".join(deltas) == text[:text.index("to")]
+
+
+def test_stop_prefix_is_held_then_released(tok):
+    params = SamplingParams(stop=["lazy cat"])
+    ids = tok.encode("over the lazy dog")
+    detok = IncrementalDetokenizer(tok, [], params)
+    streamed = ""
+    for i in ids:
+        upd = detok.update([i])
+        assert upd.stop_string is None
+        streamed += upd.text_delta
+        assert not streamed.endswith(("lazy", "lazy ", "la"))  # never leaked while undecided
+    assert streamed + detok.flush() == "over the lazy dog"
+
+
+def test_flush_releases_a_held_stop_prefix(tok):
+    ids = tok.encode("call tools ag")
+    detok = IncrementalDetokenizer(tok, [], SamplingParams(stop=["again"]))
+    streamed = "".join(detok.update([i]).text_delta for i in ids)
+    assert streamed == "call tools "
+    assert detok.output_text == "call tools ag"
+    assert detok.flush() == "ag" and detok.flush() == ""
+
+
+def test_stop_strings_ignored_before_min_tokens(tok):
+    text = "ab ab ab ab"
+    ids = tok.encode(text)
+    assert ids[:len(tok.encode("ab ab"))] == tok.encode("ab ab")
+    # The second "ab" completes with token number len(encode("ab ab")): too early by one.
+    params = SamplingParams(stop=["ab"], min_tokens=len(tok.encode("ab ab")) + 1)
+    deltas, _, found = _stream(tok, ids, params)
+    assert found == "ab"
+    assert "".join(deltas) == "ab ab "
+    # At exactly min_tokens tokens a stop string counts.
+    params = SamplingParams(stop=["ab"], min_tokens=len(tok.encode("ab ab")))
+    deltas, _, found = _stream(tok, ids, params)
+    assert found == "ab" and "".join(deltas) == "ab "
+
+
+def test_stop_on_the_first_token_and_multi_token_updates(tok):
+    deltas, _, found = _stop_case(tok, "héllo wörld", ["h"])
+    assert found == "h" and "".join(deltas) == ""
+    deltas, _, found = _stop_case(tok, "héllo wörld 日本語", ["本"], step=5)
+    assert found == "本" and "".join(deltas) == "héllo wörld 日"
+
+
+SMOLLM2 = Path.home() / ".cache/baton/models/smollm2-135m"
+
+
+@pytest.mark.slow
+def test_real_smollm2_tokenizer_streams_exactly():
+    if not (SMOLLM2 / "tokenizer.json").exists():
+        pytest.skip(f"SmolLM2 tokenizer not cached at {SMOLLM2}")
+    from transformers import AutoTokenizer
+
+    real = AutoTokenizer.from_pretrained(SMOLLM2)
+    extra = "Ünïcödé — “quotes” … 𝔘𝔫𝔦 👩‍👩‍👧 done"
+    for text in MULTIBYTE_TEXTS + [extra]:
+        ids = real.encode(text, add_special_tokens=False)
+        deltas, _, _ = _stream(real, ids, SamplingParams())
+        assert "".join(deltas) == real.decode(ids)
+        assert not any("\ufffd" in d for d in deltas)
+    deltas, _, found = _stream(real, real.encode("Prefill computes the KV cache; decode"),
+                               SamplingParams(stop=["KV c"]))
+    assert found == "KV c" and "".join(deltas) == "Prefill computes the "
+
+
+def test_flush_at_a_cut_character_matches_a_full_decode(tok):
+    ids = tok.encode("ok 🚀")[:-1]  # max_tokens cut the rocket in half
+    deltas, _, _ = _stream(tok, ids, SamplingParams(), flush=False)
+    assert "".join(deltas) == "ok "
+    detok = IncrementalDetokenizer(tok, [], SamplingParams())
+    for i in ids:
+        detok.update([i])
+    assert "ok " + detok.flush() == tok.decode(ids)
