@@ -1,0 +1,47 @@
+"""Baton's attention and KV-cache kernels: Triton on CUDA tensors, the torch reference on CPU.
+
+Each module holds `<name>_ref` (plain torch, also the CPU path), the Triton kernel, an asserting
+launcher `<name>_triton` and the dispatcher `<name>`. KV cache layout (block-major, so one block
+is contiguous across layers for transfer):
+
+    kv_cache [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size]
+    layer l:  key_cache = kv_cache[:, l, 0]   value_cache = kv_cache[:, l, 1]   (strided views)
+    slot = block_id * block_size + offset_in_block
+
+This is a leaf package: it imports nothing of Baton's. Hugging Face has an unrelated optional
+package also imported as `kernels`; transformers accepts it only at versions in [0.18.2, 0.19.0),
+so the `baton` distribution's version must stay outside that range.
+"""
+from kernels.block_copy import (
+    pack_blocks,
+    pack_blocks_ref,
+    pack_blocks_triton,
+    unpack_blocks,
+    unpack_blocks_ref,
+    unpack_blocks_triton,
+)
+from kernels.paged_decode_attention import (
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    paged_decode_attention_triton,
+)
+from kernels.prefill_attention import prefill_attention, prefill_attention_ref, prefill_attention_triton
+from kernels.write_kv import write_kv, write_kv_ref, write_kv_triton
+
+__all__ = [
+    "pack_blocks",
+    "pack_blocks_ref",
+    "pack_blocks_triton",
+    "paged_decode_attention",
+    "paged_decode_attention_ref",
+    "paged_decode_attention_triton",
+    "prefill_attention",
+    "prefill_attention_ref",
+    "prefill_attention_triton",
+    "unpack_blocks",
+    "unpack_blocks_ref",
+    "unpack_blocks_triton",
+    "write_kv",
+    "write_kv_ref",
+    "write_kv_triton",
+]
