@@ -1,0 +1,167 @@
+"""NIXL transport over UCX on loopback: bit-exact moves, layout refusal, bounded failures."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("nixl._api")
+
+from baton.transfer import KVLayoutError, TransferState, kv_layout, make_receiver, make_sender  # noqa: E402
+from baton.transfer.nixl import _INLINE_BYTES  # noqa: E402
+from protos import transfer_pb2  # noqa: E402
+from tests.transfer.helpers import MODEL, SHAPE, RemoteReceiver, assert_moved, random_cache  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(receiver, sender, decode kv_cache, prefill kv_cache) in this process."""
+    dst, src = torch.zeros(SHAPE), random_cache(0)
+    receiver = make_receiver("nixl", dst, kv_layout(MODEL, dst))
+    sender = make_sender("nixl", src, kv_layout(MODEL, src))
+    yield receiver, sender, dst, src
+    sender.close()
+    receiver.close()
+
+
+@pytest.mark.parametrize("src_ids, dst_ids", [
+    ([0, 1, 2, 3], [10, 11, 12, 13]),       # one contiguous run on both sides
+    ([5, 9, 2, 31, 30], [0, 7, 8, 3, 31]),   # scattered, partly adjacent
+    ([4], [4]),
+])
+def test_moves_chosen_blocks_bit_exact(pair, src_ids, dst_ids):
+    receiver, sender, dst, src = pair
+    before = dst.clone()
+    tid = f"t-{src_ids}-{dst_ids}"
+    receiver.expect(tid, dst_ids, timeout_s=10)
+    assert receiver.poll(tid) == TransferState.PENDING
+    sender.send(receiver.endpoint(), tid, src_ids, dst_ids, timeout_s=10)
+    assert sender.wait(tid, 10) == TransferState.DONE
+    deadline = time.monotonic() + 10
+    while receiver.poll(tid) != TransferState.DONE and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert receiver.poll(tid) == TransferState.DONE
+    assert_moved(dst, before, src, src_ids, dst_ids)
+    receiver.forget(tid)
+    sender.forget(tid)
+    with pytest.raises(KeyError):
+        receiver.poll(tid)
+
+
+def test_concurrent_transfers(pair):
+    receiver, sender, dst, src = pair
+    before = dst.clone()
+    plan = {"ca": ([0, 1, 2], [20, 21, 22]), "cb": ([3], [5]), "cc": ([10, 11], [1, 30])}
+    ep = receiver.endpoint()
+    for tid, (s_ids, d_ids) in plan.items():
+        receiver.expect(tid, d_ids, timeout_s=10)
+        sender.send(ep, tid, s_ids, d_ids, timeout_s=10)
+    for tid in plan:
+        assert sender.wait(tid, 10) == TransferState.DONE
+    deadline = time.monotonic() + 10
+    while any(receiver.poll(t) != TransferState.DONE for t in plan) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert all(receiver.poll(t) == TransferState.DONE for t in plan)
+    assert_moved(dst, before, src, sum((p[0] for p in plan.values()), []), sum((p[1] for p in plan.values()), []))
+
+
+def test_large_transfer_posted_by_the_progress_thread():
+    """Over _INLINE_BYTES: send() returns before the copy, the progress thread posts it."""
+    shape = (12, 2, 2, 64, 8, 128)  # 1 MiB blocks
+    dst, src = torch.zeros(shape), random_cache(4, shape=shape)
+    receiver = make_receiver("nixl", dst, kv_layout(MODEL, dst))
+    sender = make_sender("nixl", src, kv_layout(MODEL, src))
+    try:
+        src_ids, dst_ids = [0, 1, 2, 3, 4, 9], [11, 10, 3, 4, 5, 0]
+        assert len(src_ids) * sender.block_bytes > _INLINE_BYTES
+        receiver.expect("big", dst_ids, timeout_s=20)
+        sender.send(receiver.endpoint(), "big", src_ids, dst_ids, timeout_s=20)
+        assert sender.wait("big", 20) == TransferState.DONE
+        deadline = time.monotonic() + 10
+        while receiver.poll("big") != TransferState.DONE and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert receiver.poll("big") == TransferState.DONE
+        assert_moved(dst, torch.zeros(shape), src, src_ids, dst_ids)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_empty_transfer_is_done_at_once(pair):
+    receiver, sender, _, _ = pair
+    receiver.expect("empty", [])
+    sender.send(receiver.endpoint(), "empty", [], [])
+    assert receiver.poll("empty") == sender.poll("empty") == TransferState.DONE
+
+
+def test_layout_mismatch_is_refused(pair):
+    receiver, _, _, _ = pair
+    other = random_cache(1)
+    sender = make_sender("nixl", other, kv_layout("another-model", other))
+    try:
+        with pytest.raises(KVLayoutError):
+            sender.send(receiver.endpoint(), "x", [0], [0])
+    finally:
+        sender.close()
+
+
+def test_bad_arguments_raise(pair):
+    receiver, sender, _, _ = pair
+    ep = receiver.endpoint()
+    with pytest.raises(ValueError):
+        sender.send(ep, "bad", [0, 1], [2])
+    with pytest.raises(ValueError):
+        sender.send(ep, "bad", [0], [SHAPE[0]])
+    with pytest.raises(ValueError):
+        sender.send(transfer_pb2.TransferEndpoint(
+            layout_hash=ep.layout_hash, block_bytes=ep.block_bytes, num_blocks=ep.num_blocks,
+            grpc=transfer_pb2.GrpcEndpoint(address="x:1")), "bad", [0], [0])
+    with pytest.raises(ValueError):
+        receiver.expect("dup", [1, 1])
+
+
+def test_receiver_times_out_without_a_sender(pair):
+    receiver, _, _, _ = pair
+    receiver.expect("nobody", [3], timeout_s=0.05)
+    time.sleep(0.1)
+    assert receiver.poll("nobody") == TransferState.FAILED
+
+
+def test_absent_receiver_fails_fast(pair):
+    _, sender, _, _ = pair
+    gone = torch.zeros(SHAPE)
+    receiver = make_receiver("nixl", gone, kv_layout(MODEL, gone))
+    ep = receiver.endpoint()
+    receiver.close()
+    del receiver
+    t0 = time.monotonic()
+    sender.send(ep, "to-nobody", [0, 1], [0, 1], timeout_s=5)
+    assert sender.wait("to-nobody", 10) == TransferState.FAILED
+    assert time.monotonic() - t0 < 5.5
+
+
+def test_cross_process_then_receiver_dies():
+    src = random_cache(2)
+    sender = make_sender("nixl", src, kv_layout(MODEL, src))
+    remote = RemoteReceiver("nixl")
+    try:
+        ep = transfer_pb2.TransferEndpoint.FromString(remote.endpoint_bytes)
+        src_ids, dst_ids = [3, 4, 5, 20, 7], [30, 31, 0, 1, 16]
+        remote.expect("x1", dst_ids, timeout_s=20)
+        sender.send(ep, "x1", src_ids, dst_ids, timeout_s=20)
+        assert sender.wait("x1", 20) == TransferState.DONE
+        state, remote_cache = remote.wait("x1", 20)
+        assert state == "DONE"
+        assert_moved(remote_cache, torch.zeros(SHAPE), src, src_ids, dst_ids)
+
+        remote.stop()  # the peer is cached and connected; now it is gone
+        t0 = time.monotonic()
+        sender.send(ep, "x2", [1], [1], timeout_s=3)
+        assert sender.wait("x2", 10) == TransferState.FAILED
+        assert time.monotonic() - t0 < 3.5
+    finally:
+        remote.stop()
+        sender.close()
