@@ -52,8 +52,13 @@ class AsyncEngine:
         self._thread.join(timeout_s)
 
     # ---- asyncio side --------------------------------------------------------------------
-    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run fn(engine) on the engine thread; return its result or raise its exception."""
+    async def call(self, fn: Callable[[LLMEngine], T], deliver: bool = False) -> T:
+        """Run fn(engine) on the engine thread; return its result or raise its exception.
+
+        deliver: fn returns a StepOutput (or None) of a streamed request, e.g. from
+        finish_remote_prefill; it is delivered to its stream ahead of the outputs of any
+        later step (delivering it after the await could let the next token overtake it).
+        """
         assert self._loop is not None, "start() first"
         fut: asyncio.Future[T] = self._loop.create_future()
 
@@ -63,6 +68,8 @@ class AsyncEngine:
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
                 self._loop.call_soon_threadsafe(_set_exception, fut, exc)
             else:
+                if deliver and result is not None:
+                    self._loop.call_soon_threadsafe(self.deliver, [result])
                 self._loop.call_soon_threadsafe(_set_result, fut, result)
 
         self._commands.put(run)

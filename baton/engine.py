@@ -13,6 +13,7 @@ A request's life inside `LLMEngine`:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -172,6 +173,11 @@ class LLMEngine:
         req.num_computed_tokens = req.num_prompt_tokens
         self.kv.cache_blocks(request_id, req.all_token_ids, req.num_computed_tokens)
         req.status = RequestStatus.RUNNING
+        req.scheduled_time = req.scheduled_time or time.monotonic()
+        if req.generator is not None and not req.sampling_params.is_greedy:
+            # The prefill worker drew the first token from its copy of this seed: skip that
+            # draw (one vocab-sized draw per sampled token) so later tokens match colocated.
+            torch.empty(self.model.shape.vocab_size).exponential_(generator=req.generator)
         self.scheduler.running.append(req)
         return self._accept_token(tracked, first_token_id, [logprob] if logprob else [])
 
@@ -189,6 +195,7 @@ class LLMEngine:
         if recompute:
             req.num_computed_tokens = req.num_cached_tokens
             req.status = RequestStatus.RUNNING
+            req.scheduled_time = req.scheduled_time or time.monotonic()
             self.scheduler.running.append(req)
             return None
         del self.requests[request_id]

@@ -63,6 +63,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # -1 until first scheduled
     num_preemptions: int = 0
+    scheduled_time: float | None = None  # time.monotonic() when it first joined the batch
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     all_token_ids: list[int] = field(init=False)

@@ -6,6 +6,7 @@ under a per-step token budget. Design after vLLM v1's scheduler and nano-vllm's.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from baton.config import SchedulerConfig
@@ -79,6 +80,8 @@ class Scheduler:
             req.num_computed_tokens = num_computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
+            if req.scheduled_time is None:
+                req.scheduled_time = time.monotonic()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append(self._scheduled(req, n))

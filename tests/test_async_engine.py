@@ -79,3 +79,19 @@ async def test_step_failure_fails_requests_not_the_loop(engine, monkeypatch):
         assert engine.kv.num_free_blocks == engine.kv.num_blocks
     finally:
         ae.shutdown()
+
+
+async def test_call_with_deliver_queues_the_output_before_returning(engine):
+    """finish_remote_prefill's output must reach the stream before any later step's."""
+    from baton.outputs import StepOutput
+
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        q = ae.open_stream("x")
+        out = StepOutput("x", [7], "", [], False, None, None, 3, 1, 0)
+        assert await ae.call(lambda e: out, deliver=True) is out
+        assert q.qsize() == 1 and q.get_nowait() is out
+    finally:
+        ae.close_stream("x")
+        ae.shutdown()

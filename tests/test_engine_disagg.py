@@ -101,3 +101,22 @@ def test_held_blocks_released_by_abort(tiny_qwen3):
     assert prefill.held_block_table("p")
     prefill.abort_request("p")
     assert prefill.kv.num_free_blocks == prefill.kv.num_blocks and not prefill.held
+
+
+def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
+    """The prefill worker draws the first token from the seed; decode skips that draw."""
+    prefill, decode = _engines(tiny_llama)
+    colocated, _ = _engines(tiny_llama)
+    params = SamplingParams(temperature=0.9, top_k=40, seed=77, max_tokens=8, ignore_eos=True)
+    prompt = list(range(5, 34))
+    plan = decode.add_remote_request("s", prompt, params, min_remote_tokens=1)
+    prefill.add_request("s", prompt, SamplingParams(temperature=0.9, top_k=40, seed=77,
+                                                    max_tokens=1, ignore_eos=True),
+                        hold_blocks=True)
+    first = _drain(prefill, "s")
+    src = prefill.held_block_table("s")
+    decode.runner.kv_cache[torch.tensor(plan.dst_block_ids)] = \
+        prefill.runner.kv_cache[torch.tensor(src)]
+    out = decode.finish_remote_prefill("s", first[0])
+    colocated.add_request("s", prompt, params)
+    assert out.new_token_ids + _drain(decode, "s") == _drain(colocated, "s")

@@ -1,0 +1,113 @@
+"""Translations between the gRPC messages (protos/) and the engine's own objects.
+
+Both workers and the gateway speak `protos/`; the engine speaks dataclasses. Every
+conversion lives here, once, so the two sides of a hand-off read a message the same way:
+
+    common_pb2.SamplingParams  ⇄  SamplingParams        (sampling_params_from/to_proto)
+    common_pb2.TokenLogprobs   ⇄  TokenLogprob          (logprob_from/to_proto)
+    "stop" | "length" | ...    →  FinishReason enum     (FINISH_REASONS)
+    LLMEngine (its thread)     →  WorkerStats           (worker_stats)
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from baton.outputs import TokenLogprob
+from baton.request import RequestStatus
+from baton.sampling_params import SamplingParams
+from protos import common_pb2
+
+if TYPE_CHECKING:
+    from baton.engine import LLMEngine
+
+FINISH_REASONS = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
+}
+_U64 = 1 << 64
+
+
+def sampling_params_from_proto(p: common_pb2.SamplingParams, **overrides) -> SamplingParams:
+    """The engine's SamplingParams for a proto, with the proto's zero-means-default rules
+    (see common.proto). `overrides` replace fields (e.g. max_tokens=1 for a prefill).
+    Raises ValueError for values the engine refuses (NaN, top_p > 1, max_tokens = 0, ...)."""
+    fields = dict(
+        n=p.n or 1,
+        temperature=p.temperature,
+        top_p=p.top_p or 1.0,
+        top_k=max(p.top_k, 0),
+        min_p=p.min_p,
+        seed=p.seed if p.HasField("seed") else None,
+        max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
+        min_tokens=p.min_tokens,
+        stop=list(p.stop),
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        logprobs=p.logprobs if p.HasField("logprobs") else None,
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens if p.HasField("skip_special_tokens") else True,
+    )
+    fields.update(overrides)
+    return SamplingParams(**fields)
+
+
+def sampling_params_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
+    """The proto of an engine SamplingParams (exact inverse of sampling_params_from_proto)."""
+    p = common_pb2.SamplingParams(
+        n=sp.n, temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
+        min_p=sp.min_p, min_tokens=sp.min_tokens, stop=sp.stop,
+        stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        skip_special_tokens=sp.skip_special_tokens)
+    if sp.seed is not None:
+        p.seed = sp.seed % _U64
+    if sp.max_tokens is not None:
+        p.max_tokens = sp.max_tokens
+    if sp.logprobs is not None:
+        p.logprobs = sp.logprobs
+    return p
+
+
+def seed_for_index(seed: int | None, index: int) -> int | None:
+    """Seed of completion `index` of an n > 1 request (same rule as baton.LLM)."""
+    return None if seed is None else (seed + index) % _U64
+
+
+def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprobs:
+    """Proto of one token's logprobs; `rank` stays 0 (the engine does not compute it)."""
+    top = sorted(lp.top.items(), key=lambda kv: -kv[1])
+    return common_pb2.TokenLogprobs(
+        token_id=lp.token_id, logprob=lp.logprob,
+        top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in top])
+
+
+def logprob_from_proto(p: common_pb2.TokenLogprobs) -> TokenLogprob:
+    return TokenLogprob(p.token_id, p.logprob, {t.token_id: t.logprob for t in p.top})
+
+
+def worker_stats(engine: LLMEngine, role: int, worker_id: str, layout: common_pb2.KVLayout,
+                 kv_epoch: int, include_block_hashes: bool) -> common_pb2.WorkerStats:
+    """A WorkerStats snapshot. Run it on the engine thread (AsyncEngine.call).
+
+    num_waiting counts queued requests and those waiting for remote KV; num_free_blocks counts
+    blocks no live request holds (cached-but-evictable ones included, so an idle worker reports
+    num_free_blocks == num_total_blocks); block hashes always come as a full snapshot.
+    """
+    sched, kv = engine.scheduler, engine.kv
+    remote_wait = sum(1 for t in engine.requests.values()
+                      if t.request.status == RequestStatus.WAITING_FOR_REMOTE_KV)
+    waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
+                         for r in (*sched.waiting, *sched.running))
+    seqs = engine.config.scheduler.max_num_seqs
+    load = max(kv.usage, len(sched.running) / seqs) + len(sched.waiting) / seqs
+    stats = common_pb2.WorkerStats(
+        role=role, worker_id=worker_id, num_running=len(sched.running),
+        num_waiting=len(sched.waiting) + remote_wait, num_waiting_tokens=waiting_tokens,
+        num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+        num_cached_blocks=len(kv.pool.cached), load=load, kv_layout=layout, kv_epoch=kv_epoch,
+        kv_seq=0)
+    if include_block_hashes:
+        stats.snapshot.block_hashes.extend(kv.cached_block_hashes())
+    return stats

@@ -1,0 +1,101 @@
+"""The decode worker's one frozen config, built from the command line in `main`."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from baton.config import EngineConfig
+from baton.serving import (
+    ServerConfig,
+    add_engine_args,
+    add_server_args,
+    engine_config_from_args,
+    server_config_from_args,
+)
+
+DEFAULT_PORT = 50051
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """transport: how KV blocks arrive ("nixl" | "grpc"; "inproc" for tests).
+    prefill_address: prefill worker used when a request names none (None = prefill locally).
+    min_remote_tokens: conditional disaggregation: an uncached prompt suffix shorter than this
+    is prefilled here, a longer one on a prefill worker.
+    on_prefill_failure: "recompute" (prefill locally from this worker's cached prefix) or
+    "fail" (end the request with an error) when a remote prefill fails or times out.
+    prefill_timeout_seconds: budget of one Prefill call (the prefill worker stops by then).
+    kv_wait_seconds: after Prefill answered OK, how long the receiver may take to report
+    every block written. abort_timeout_seconds / handshake_timeout_seconds: those calls.
+    quarantine_grace_seconds: blocks whose transfer could not be confirmed stopped are
+    reused only this long after the prefill deadline.
+    max_prompt_tokens / max_n: per-request limits (INVALID_ARGUMENT above them).
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    served_model_name: str | None = None
+    transport: str = "nixl"
+    prefill_address: str | None = None
+    min_remote_tokens: int = 256
+    on_prefill_failure: str = "recompute"
+    prefill_timeout_seconds: float = 60.0
+    kv_wait_seconds: float = 10.0
+    abort_timeout_seconds: float = 5.0
+    handshake_timeout_seconds: float = 5.0
+    quarantine_grace_seconds: float = 5.0
+    max_prompt_tokens: int = 32768
+    max_n: int = 16
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("nixl", "grpc", "inproc"):
+            raise ValueError(f"transport must be nixl, grpc or inproc, got {self.transport!r}")
+        if self.on_prefill_failure not in ("recompute", "fail"):
+            raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
+        if self.min_remote_tokens < 1:
+            raise ValueError("min_remote_tokens must be ≥ 1")
+        for name in ("prefill_timeout_seconds", "kv_wait_seconds", "abort_timeout_seconds",
+                     "handshake_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.quarantine_grace_seconds < 0:
+            raise ValueError("quarantine_grace_seconds must be ≥ 0")
+        if self.max_prompt_tokens < 1 or self.max_n < 1:
+            raise ValueError("max_prompt_tokens and max_n must be ≥ 1")
+
+    @property
+    def recompute(self) -> bool:
+        return self.on_prefill_failure == "recompute"
+
+
+def parse_args(argv: list[str] | None = None) -> DecodeConfig:
+    p = argparse.ArgumentParser(prog="baton serve-decode",
+                                description="Baton decode worker (gRPC DecodeService).")
+    add_engine_args(p)
+    add_server_args(p, DEFAULT_PORT)
+    g = p.add_argument_group("decode")
+    g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"])
+    g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
+    g.add_argument("--min-remote-tokens", type=int, default=256)
+    g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"])
+    g.add_argument("--prefill-timeout-seconds", type=float, default=60.0)
+    g.add_argument("--kv-wait-seconds", type=float, default=10.0)
+    g.add_argument("--abort-timeout-seconds", type=float, default=5.0)
+    g.add_argument("--handshake-timeout-seconds", type=float, default=5.0)
+    g.add_argument("--quarantine-grace-seconds", type=float, default=5.0)
+    g.add_argument("--max-prompt-tokens", type=int, default=32768)
+    g.add_argument("--max-n", type=int, default=16)
+    a = p.parse_args(argv)
+    try:
+        return DecodeConfig(
+            engine=engine_config_from_args(a), server=server_config_from_args(a),
+            served_model_name=a.served_model_name, transport=a.transport,
+            prefill_address=a.prefill_address, min_remote_tokens=a.min_remote_tokens,
+            on_prefill_failure=a.on_prefill_failure,
+            prefill_timeout_seconds=a.prefill_timeout_seconds, kv_wait_seconds=a.kv_wait_seconds,
+            abort_timeout_seconds=a.abort_timeout_seconds,
+            handshake_timeout_seconds=a.handshake_timeout_seconds,
+            quarantine_grace_seconds=a.quarantine_grace_seconds,
+            max_prompt_tokens=a.max_prompt_tokens, max_n=a.max_n)
+    except ValueError as e:
+        p.error(str(e))

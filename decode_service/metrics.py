@@ -1,0 +1,50 @@
+"""Prometheus metrics of one decode worker, in a registry of its own (so two workers can
+share a process in tests). Engine gauges read live state lazily at scrape time."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class DecodeMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.waiting = Gauge("baton_decode_waiting_requests", "Requests queued in the engine",
+                             registry=r)
+        self.running = Gauge("baton_decode_running_requests", "Requests in the running batch",
+                             registry=r)
+        self.remote_inflight = Gauge("baton_decode_remote_prefills_inflight",
+                                     "Sequences waiting for remote KV", registry=r)
+        self.quarantined = Gauge("baton_decode_quarantined_requests",
+                                 "Sequences whose blocks wait out an unconfirmed transfer",
+                                 registry=r)
+        self.quarantines = Counter("baton_decode_quarantines",
+                                   "Sequences whose blocks waited out an unconfirmed transfer",
+                                   registry=r)
+        self.free_blocks = Gauge("baton_kv_free_blocks", "KV blocks no request holds",
+                                 registry=r)
+        self.ttft = Histogram("baton_ttft_seconds", "Time to first token", buckets=_SECONDS,
+                              registry=r)
+        self.itl = Histogram("baton_itl_seconds", "Inter-token latency", buckets=_SECONDS,
+                             registry=r)
+        self.requests = Counter("baton_decode_requests", "Finished sequences by reason",
+                                ["finish_reason"], registry=r)
+        self.cache_hit_tokens = Counter("baton_decode_cache_hit_tokens",
+                                        "Prompt tokens found in this worker's prefix cache",
+                                        registry=r)
+        self.remote_prefills = Counter("baton_decode_remote_prefills",
+                                       "Remote prefill outcomes", ["outcome"], registry=r)
+        self.received_blocks = Counter("baton_kv_received_blocks",
+                                       "KV blocks written by prefill workers", registry=r)
+        self.received_bytes = Counter("baton_kv_received_bytes",
+                                      "KV bytes written by prefill workers", registry=r)
+        self.transfer_seconds = Histogram("baton_kv_transfer_seconds",
+                                          "KV transfer time (sender) + arrival wait",
+                                          buckets=_SECONDS, registry=r)
+
+    def watch(self, engine) -> None:
+        """Point the engine gauges at live state (len() reads are safe from another thread)."""
+        self.waiting.set_function(lambda: len(engine.scheduler.waiting))
+        self.running.set_function(lambda: len(engine.scheduler.running))
+        self.free_blocks.set_function(lambda: engine.kv.num_free_blocks)

@@ -1,0 +1,106 @@
+"""The decode worker's prefill peers: one channel and one handshake per prefill address.
+
+    get(address):  cached? ─yes─▶ peer
+                     │no
+                     ▼
+                   Handshake(our layout + hash, our transport) ──▶ prefill
+                     compatible and layouts agree here too → cache and return the peer
+                     refused → Rejected(FAILED_PRECONDITION, "... block_size: 16 != 8 ...")
+                     unreachable → Rejected(UNAVAILABLE, ...)
+    forget(address) drops a cached handshake (the peer restarted or answered LAYOUT_MISMATCH).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from baton.serving import CHANNEL_OPTIONS, Rejected
+from baton.transfer import TRANSPORT_KINDS, KVLayoutError, check_compatible, kv_layout_hash
+from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillPeer:
+    address: str
+    stub: prefill_pb2_grpc.PrefillServiceStub
+    worker_id: str
+
+
+class PrefillPeers:
+    def __init__(self, layout: common_pb2.KVLayout, transport: str, worker_id: str,
+                 handshake_timeout_s: float, call_timeout_s: float) -> None:
+        self.layout, self.worker_id = layout, worker_id
+        self.layout_hash = kv_layout_hash(layout)
+        self.transport = TRANSPORT_KINDS[transport]
+        self.handshake_timeout_s, self.call_timeout_s = handshake_timeout_s, call_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._peers: dict[str, PrefillPeer] = {}
+
+    async def get(self, address: str) -> PrefillPeer:
+        """A handshaken peer. Raises Rejected (FAILED_PRECONDITION or UNAVAILABLE)."""
+        peer = self._peers.get(address)
+        if peer is not None:
+            return peer
+        stub = prefill_pb2_grpc.PrefillServiceStub(self._channel(address))
+        hello = prefill_pb2.HandshakeRequest(kv_layout=self.layout, layout_hash=self.layout_hash,
+                                             worker_id=self.worker_id,
+                                             transports=[self.transport])
+        try:
+            resp = await stub.Handshake(hello, timeout=self.handshake_timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise Rejected(grpc.StatusCode.UNAVAILABLE, f"prefill worker {address} did not "
+                           f"answer the handshake: {e.code().name} {e.details()}") from None
+        error = resp.error if not resp.compatible else ""
+        if not error:
+            try:
+                check_compatible(self.layout, resp.kv_layout)
+            except KVLayoutError as e:
+                error = f"{e} [decode {self.worker_id} != prefill {address}]"
+        if error:
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"prefill worker {address} is incompatible: {error}")
+        peer = self._peers[address] = PrefillPeer(address, stub, resp.worker_id)
+        log.info("handshake ok", extra={"peer": address})
+        return peer
+
+    def forget(self, address: str) -> None:
+        self._peers.pop(address, None)
+
+    async def abort(self, peer: PrefillPeer, request_id: str) -> bool:
+        """Abort on the prefill worker; True once it answered (then none of its transfers
+        for the request can still be writing), False if it could not be reached."""
+        try:
+            await peer.stub.Abort(common_pb2.AbortRequest(request_id=request_id),
+                                  timeout=self.call_timeout_s)
+            return True
+        except grpc.aio.AioRpcError as e:
+            log.warning("prefill Abort failed: %s", e.code().name,
+                        extra={"request_id": request_id, "peer": peer.address})
+            return False
+
+    async def release(self, peer: PrefillPeer, request_id: str) -> bool:
+        """ReleaseBlocks; False when the lease had already ended (or the call failed)."""
+        try:
+            resp = await peer.stub.ReleaseBlocks(
+                prefill_pb2.ReleaseBlocksRequest(request_id=request_id),
+                timeout=self.call_timeout_s)
+            return resp.released
+        except grpc.aio.AioRpcError as e:
+            log.info("ReleaseBlocks failed: %s", e.code().name,
+                     extra={"request_id": request_id, "peer": peer.address})
+            return False
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return self._channels[address]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close(grace=None) for c in self._channels.values()))
+        self._channels.clear()
+        self._peers.clear()

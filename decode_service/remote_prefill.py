@@ -1,0 +1,155 @@
+"""One remote prefill, decode side: from allocated blocks to "the KV is all here" (or not).
+
+    plan = engine.add_remote_request(...)        blocks allocated, WAITING_FOR_REMOTE_KV
+    RemotePrefill(plan).run():
+      1. receiver.expect(transfer_id, plan.dst_block_ids)
+      2. Prefill(prompt, num_cached_on_decode, dst_block_ids, endpoint) ─▶ prefill worker,
+         raced against the request's abort event, with a deadline
+      3. OK → poll the receiver until DONE (≤ kv_wait_seconds): every block has landed
+      4. always: receiver.forget(transfer_id)
+    → RemoteResult(ok, response, error, safe, rejected, aborted)
+
+`safe` answers the one question the caller must ask before touching the blocks: can a
+transfer still be writing into them? It is True when the prefill worker answered the
+Prefill or an Abort (it answers only once its transfer stopped), or when the receiver
+refuses late writes after forget() (the gRPC and in-process transports). It is False only
+for NIXL when the prefill worker went silent: its one-sided writes cannot be refused, so
+the caller quarantines the blocks until the prefill deadline (+ grace) has passed.
+
+The caller then applies the result on the engine (completion.py): finish_remote_prefill
+(ok), fail_remote_prefill(recompute | error) when safe, or quarantine + a fresh local
+request when not. Never decode from partial KV: only `ok` (prefill said OK *and* the
+receiver saw every block) lets the sequence run on transferred blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from baton.engine import RemotePrefillPlan
+from baton.transfer import KVReceiver, TransferState
+from decode_service.config import DecodeConfig
+from decode_service.peers import PrefillPeer, PrefillPeers
+from protos import common_pb2, prefill_pb2
+
+log = logging.getLogger(__name__)
+_STATUS = prefill_pb2.PrefillStatus
+
+
+@dataclass
+class RemoteResult:
+    """ok: the first token is in `response` and every block has arrived.
+    safe: no transfer can still write into the plan's blocks (see the module docstring).
+    rejected: the prefill worker refused the arguments (fail the request, don't recompute).
+    aborted: stopped by the request's abort event. deadline: when the prefill worker
+    promised to have stopped (time.monotonic()); arrival_seconds: receiver wait after OK."""
+
+    ok: bool
+    safe: bool
+    error: str = ""
+    response: prefill_pb2.PrefillResponse | None = None
+    rejected: bool = False
+    aborted: bool = False
+    deadline: float = 0.0
+    arrival_seconds: float = 0.0
+
+
+class RemotePrefill:
+    def __init__(self, config: DecodeConfig, receiver: KVReceiver, peers: PrefillPeers,
+                 peer: PrefillPeer, plan: RemotePrefillPlan, prompt: list[int],
+                 params: common_pb2.SamplingParams, aborted: asyncio.Event) -> None:
+        self.config, self.receiver, self.peers, self.peer = config, receiver, peers, peer
+        self.plan, self.prompt, self.params, self.aborted = plan, prompt, params, aborted
+        self.rid = plan.request_id
+        self.transfer_id = f"{self.rid}@{uuid.uuid4().hex[:12]}"
+
+    async def run(self) -> RemoteResult:
+        """Never raises for prefill-side trouble; the result says what happened."""
+        cfg, plan = self.config, self.plan
+        timeout = cfg.prefill_timeout_seconds
+        self.receiver.expect(self.transfer_id, plan.dst_block_ids,
+                             timeout_s=timeout + cfg.kv_wait_seconds)
+        request = prefill_pb2.PrefillRequest(
+            request_id=self.rid, prompt_token_ids=self.prompt, sampling_params=self.params,
+            num_cached_on_decode=plan.num_cached_tokens, dst_block_ids=plan.dst_block_ids,
+            transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
+            timeout_seconds=timeout)
+        deadline = time.monotonic() + timeout
+        try:
+            result = await self._call(request)
+            if result.ok:
+                result = await self._await_arrival(result)
+        finally:
+            self.receiver.forget(self.transfer_id)
+        if not result.safe and self.config.transport != "nixl":
+            result.safe = True  # forget() above: the receiver refuses any later chunk
+        result.deadline = deadline
+        if not result.ok:
+            log.warning("remote prefill failed: %s", result.error,
+                        extra={"request_id": self.rid, "peer": self.peer.address,
+                               "safe": result.safe})
+        return result
+
+    async def _call(self, request: prefill_pb2.PrefillRequest) -> RemoteResult:
+        call = self.peer.stub.Prefill(request, timeout=self.config.prefill_timeout_seconds)
+        reply = asyncio.ensure_future(_await(call))
+        stop = asyncio.ensure_future(self.aborted.wait())
+        try:
+            await asyncio.wait({reply, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not reply.done():  # aborted first: stop the call, make sure nothing still writes
+            call.cancel()
+            reply.cancel()
+            confirmed = await self.peers.abort(self.peer, self.rid)
+            return RemoteResult(False, confirmed, "aborted while waiting for remote KV",
+                                aborted=True)
+        try:
+            resp = reply.result()
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
+            return await self._rpc_failed(e)
+        if resp.status != _STATUS.PREFILL_STATUS_OK:
+            if resp.status == _STATUS.PREFILL_STATUS_LAYOUT_MISMATCH:
+                self.peers.forget(self.peer.address)
+            return RemoteResult(False, True, f"prefill worker answered "
+                                f"{_STATUS.Name(resp.status)}: {resp.error}", response=resp)
+        return RemoteResult(True, True, response=resp)
+
+    async def _rpc_failed(self, e: BaseException) -> RemoteResult:
+        if not isinstance(e, grpc.aio.AioRpcError):
+            code, details = grpc.StatusCode.CANCELLED, "Prefill call cancelled"
+        else:
+            code, details = e.code(), e.details()
+        error = f"Prefill call failed: {code.name} {details}"
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+            # refused before any work: nothing was or will be sent
+            return RemoteResult(False, True, error,
+                                rejected=code == grpc.StatusCode.INVALID_ARGUMENT)
+        self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
+        confirmed = await self.peers.abort(self.peer, self.rid)
+        return RemoteResult(False, confirmed, error)
+
+    async def _await_arrival(self, result: RemoteResult) -> RemoteResult:
+        """Prefill said every block is written: confirm on the receiver before using them."""
+        t0 = time.monotonic()
+        limit, pause = t0 + self.config.kv_wait_seconds, 0.0005
+        while (state := self.receiver.poll(self.transfer_id)) == TransferState.PENDING or \
+                state == TransferState.IN_PROGRESS:
+            if time.monotonic() > limit:
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        result.arrival_seconds = time.monotonic() - t0
+        if state != TransferState.DONE:
+            result.ok = False
+            result.error = f"prefill answered OK but the receiver saw the transfer {state.name}"
+        return result
+
+
+async def _await(call):
+    return await call

@@ -1,0 +1,46 @@
+"""DecodeService over gRPC: protos in, worker calls, protos out; errors → status codes.
+
+    Generate  DecodeWorker.generate streams TokenChunk*, then Finished × n. Errors before the
+              first message end the call with a status (INVALID_ARGUMENT, ALREADY_EXISTS,
+              FAILED_PRECONDITION for a KV layout mismatch with the prefill worker,
+              UNAVAILABLE); later failures arrive as Finished{ERROR}. A cancelled call aborts.
+    Abort     DecodeWorker.abort: the stream ends with Finished{ABORT}
+    GetStats  a WorkerStats snapshot taken on the engine thread
+"""
+from __future__ import annotations
+
+import secrets
+
+import grpc
+
+from baton.serving import Rejected
+from baton.wire import worker_stats
+from decode_service.worker import DecodeWorker
+from protos import common_pb2, decode_pb2_grpc
+
+
+class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
+    def __init__(self, worker: DecodeWorker, layout: common_pb2.KVLayout,
+                 worker_id: str) -> None:
+        self.worker, self.layout, self.worker_id = worker, layout, worker_id
+        self.kv_epoch = secrets.randbits(64)
+
+    async def Generate(self, request, context):
+        sent = False
+        try:
+            async for resp in self.worker.generate(request):
+                sent = True
+                yield resp
+        except (ValueError, Rejected) as e:
+            if sent:
+                raise
+            code = e.code if isinstance(e, Rejected) else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(e))
+
+    async def Abort(self, request: common_pb2.AbortRequest, context):
+        return common_pb2.AbortResponse(found=await self.worker.abort(request.request_id))
+
+    async def GetStats(self, request: common_pb2.GetStatsRequest, context):
+        return await self.worker.ae.call(lambda eng: worker_stats(
+            eng, common_pb2.WORKER_ROLE_DECODE, self.worker_id, self.layout, self.kv_epoch,
+            request.include_block_hashes))

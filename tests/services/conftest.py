@@ -1,0 +1,36 @@
+"""Fixtures for the service tests: a tiny model and in-process server pairs per transport."""
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+
+from tests.services.helpers import Client, pools_whole, start_decode, start_prefill
+
+TRANSPORTS = ["nixl", "grpc"]
+
+
+@pytest.fixture(scope="session")
+def model(tiny_llama):
+    return tiny_llama
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=TRANSPORTS)
+async def pair(request, model):
+    """(prefill server, decode server, client) sharing one transport, for a whole module.
+    Tests leave both pools whole (checked after each test by `whole`)."""
+    prefill = await start_prefill(model, request.param)
+    decode = await start_decode(model, request.param, prefill.address)
+    client = Client(decode.address, prefill.address)
+    yield prefill, decode, client
+    await client.close()
+    await decode.stop(drain_s=0)
+    await prefill.stop(drain_s=0)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def whole(pair):
+    """The pair, checked afterwards: both pools whole, nothing held, nothing in flight."""
+    yield pair
+    prefill, decode, _ = pair
+    await pools_whole(prefill, decode)
+    assert not prefill.worker.entries and not decode.worker.jobs

@@ -1,0 +1,126 @@
+"""In-process prefill/decode servers on 127.0.0.1 port 0, and a small Generate client."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+import grpc
+
+from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+from baton.sampling_params import SamplingParams
+from baton.serving import ServerConfig
+from baton.wire import sampling_params_to_proto
+from decode_service.config import DecodeConfig
+from decode_service.server import DecodeServer
+from prefill_service.config import PrefillConfig
+from prefill_service.server import PrefillServer
+from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+BLOCK = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+_ids = itertools.count()
+
+
+def engine_config(model, block_size: int = BLOCK, num_blocks: int = 96, **sched) -> EngineConfig:
+    return EngineConfig(model=str(model), cache=CacheConfig(block_size=block_size,
+                                                            num_blocks=num_blocks),
+                        scheduler=SchedulerConfig(**sched))
+
+
+def prefill_config(model, transport: str, engine: EngineConfig | None = None,
+                   **kw) -> PrefillConfig:
+    return PrefillConfig(engine=engine or engine_config(model), server=ServerConfig(port=0),
+                         transport=transport, **kw)
+
+
+def decode_config(model, transport: str, prefill_address: str | None,
+                  engine: EngineConfig | None = None, **kw) -> DecodeConfig:
+    kw.setdefault("min_remote_tokens", 16)
+    return DecodeConfig(engine=engine or engine_config(model), server=ServerConfig(port=0),
+                        transport=transport, prefill_address=prefill_address, **kw)
+
+
+async def start_prefill(model, transport: str, **kw) -> PrefillServer:
+    return await PrefillServer(prefill_config(model, transport, **kw)).start()
+
+
+async def start_decode(model, transport: str, prefill_address: str | None,
+                       **kw) -> DecodeServer:
+    return await DecodeServer(decode_config(model, transport, prefill_address, **kw)).start()
+
+
+@dataclass
+class Result:
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    text: dict[int, str] = field(default_factory=dict)
+    finished: dict[int, decode_pb2.Finished] = field(default_factory=dict)
+    chunks: list[decode_pb2.TokenChunk] = field(default_factory=list)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens.get(0, [])
+
+    @property
+    def fin(self) -> decode_pb2.Finished:
+        return self.finished[0]
+
+
+def request(prompt, params: SamplingParams = GREEDY, rid: str | None = None,
+            **kw) -> decode_pb2.GenerateRequest:
+    return decode_pb2.GenerateRequest(
+        request_id=rid or f"req-{next(_ids)}", prompt_token_ids=prompt,
+        sampling_params=sampling_params_to_proto(params), **kw)
+
+
+async def collect(call) -> Result:
+    res = Result()
+    async for msg in call:
+        if msg.HasField("tokens"):
+            c = msg.tokens
+            res.chunks.append(c)
+            res.tokens.setdefault(c.index, []).extend(c.token_ids)
+            res.text[c.index] = res.text.get(c.index, "") + c.text_delta
+        else:
+            res.finished[msg.finished.index] = msg.finished
+    return res
+
+
+class Client:
+    """Stubs for one decode (and optionally one prefill) server."""
+
+    def __init__(self, decode_address: str, prefill_address: str | None = None) -> None:
+        self.channel = grpc.aio.insecure_channel(decode_address)
+        self.decode = decode_pb2_grpc.DecodeServiceStub(self.channel)
+        self.pchannel = grpc.aio.insecure_channel(prefill_address) if prefill_address else None
+        self.prefill = prefill_pb2_grpc.PrefillServiceStub(self.pchannel) if self.pchannel \
+            else None
+
+    async def generate(self, prompt, params: SamplingParams = GREEDY, timeout: float = 60,
+                       **kw) -> Result:
+        return await collect(self.decode.Generate(request(prompt, params, **kw),
+                                                  timeout=timeout))
+
+    async def stats(self, stub=None) -> common_pb2.WorkerStats:
+        stub = stub or self.decode
+        return await stub.GetStats(common_pb2.GetStatsRequest(include_block_hashes=True),
+                                   timeout=10)
+
+    async def close(self) -> None:
+        await self.channel.close()
+        if self.pchannel is not None:
+            await self.pchannel.close()
+
+
+async def pools_whole(*servers, timeout: float = 10.0) -> None:
+    """Wait until every server's KV pool has all blocks free and no request is held."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        states = [(s.engine.kv.num_free_blocks, s.engine.kv.num_blocks,
+                   len(s.engine.requests), len(getattr(s.engine, "held", {})))
+                  for s in servers]
+        if all(free == total and not live and not held for free, total, live, held in states):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"pools not whole: (free, total, requests, held) = {states}")
+        await asyncio.sleep(0.02)

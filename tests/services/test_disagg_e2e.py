@@ -1,0 +1,133 @@
+"""Token-exact disaggregated serving: prefill → KV transfer → decode equals transformers and
+the colocated engine, below and above the local-prefill threshold, with prefix hits on
+either side; only the blocks decode lacks are transferred."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from baton import LLM
+from baton.sampling_params import SamplingParams
+from protos import common_pb2, decode_pb2
+from tests.reference import hf_greedy
+from tests.services.helpers import BLOCK, GREEDY, Client, start_decode
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 380) for _ in range(n)]
+
+
+def sent_blocks(prefill) -> float:
+    return prefill.metrics.registry.get_sample_value("baton_kv_transferred_blocks_total") or 0
+
+
+@pytest.fixture(scope="module")
+def colocated(model):
+    return LLM(str(model), block_size=BLOCK, num_blocks=96)
+
+
+async def test_below_and_above_threshold_match_reference(whole, model, colocated):
+    prefill, decode, client = whole
+    for n, remote in ((10, False), (37, True)):  # decode's --min-remote-tokens is 16
+        prompt = prompt_of(n, seed=n)
+        before = sent_blocks(prefill)
+        res = await client.generate(prompt)
+        assert res.output == hf_greedy(model, prompt, 8)
+        assert res.output == colocated.generate([prompt], GREEDY)[0].output_token_ids
+        assert res.fin.finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert res.fin.timings.remote_prefill is remote
+        assert sent_blocks(prefill) - before == (-(-n // BLOCK) if remote else 0)
+        assert res.fin.usage.prompt_tokens == n and res.fin.usage.completion_tokens == 8
+
+
+async def test_second_turn_transfers_only_new_blocks(whole, model):
+    """Case 5: decode's hit ends at a block edge inside turn 1's output (45 tokens → 40
+    cached), prefill's hit ends elsewhere (its own turn-1 prompt: 32 cached)."""
+    prefill, decode, client = whole
+    turn1 = prompt_of(37, seed=1)
+    out1 = (await client.generate(turn1)).output
+    turn2 = turn1 + out1 + prompt_of(20, seed=2)  # 65 tokens, 9 blocks
+    before = sent_blocks(prefill)
+    res = await client.generate(turn2)
+    assert res.output == hf_greedy(model, turn2, 8)
+    assert sent_blocks(prefill) - before == 9 - 5  # decode holds 5 full blocks (40 tokens)
+    assert res.fin.usage.cached_tokens == 32  # prefill computed from its own 4-block hit
+    assert res.fin.timings.remote_prefill
+
+
+async def test_prefill_hit_beyond_decode_hit(whole, model):
+    """Fresh decode workers (no hit) after the prefill worker cached the whole prompt:
+    prefill computes one block, all blocks are sent, output unchanged."""
+    prefill, decode, _ = whole
+    prompt = prompt_of(41, seed=3)
+    for turn in range(2):
+        other = await start_decode(model, decode.config.transport, prefill.address)
+        client = Client(other.address)
+        try:
+            before = sent_blocks(prefill)
+            res = await client.generate(prompt)
+            assert res.output == hf_greedy(model, prompt, 8)
+            assert sent_blocks(prefill) - before == 6
+            assert res.fin.usage.cached_tokens == (40 if turn else 0)
+        finally:
+            await client.close()
+            await other.stop(drain_s=0)
+
+
+async def test_n2_seeded_sampling_and_logprobs_match_colocated(whole, colocated):
+    _, _, client = whole
+    prompt = prompt_of(30, seed=4)
+    params = SamplingParams(n=2, temperature=0.9, top_k=50, seed=1234, max_tokens=6,
+                            ignore_eos=True, logprobs=2)
+    res = await client.generate(prompt, params)
+    ref = colocated.generate([prompt], params)[0]
+    assert res.tokens[0] == ref.outputs[0].token_ids
+    assert res.tokens[1] == ref.outputs[1].token_ids
+    assert sorted(res.finished) == [0, 1]
+    assert res.finished[0].usage == res.finished[1].usage
+    assert res.finished[0].usage.completion_tokens == 12
+    lps = [lp for c in res.chunks if c.index == 0 for lp in c.logprobs]
+    assert len(lps) == 6 and all(len(lp.top) == 2 for lp in lps)
+    want = [lp.logprob for lp in ref.outputs[0].logprobs]
+    assert [lp.logprob for lp in lps] == pytest.approx(want, abs=1e-4)
+
+
+async def test_prefill_modes(whole, model):
+    prefill, _, client = whole
+    short, long = prompt_of(12, seed=5), prompt_of(40, seed=6)
+    res = await client.generate(short, prefill_mode=decode_pb2.PREFILL_MODE_REMOTE)
+    assert res.fin.timings.remote_prefill and res.output == hf_greedy(model, short, 8)
+    res = await client.generate(long, prefill_mode=decode_pb2.PREFILL_MODE_LOCAL)
+    assert not res.fin.timings.remote_prefill and res.output == hf_greedy(model, long, 8)
+
+
+async def test_stats_and_metrics(whole):
+    prefill, decode, client = whole
+    await client.generate(prompt_of(33, seed=7))
+    d = await client.stats()
+    p = await client.stats(client.prefill)
+    assert d.num_free_blocks == d.num_total_blocks == 96 and d.num_cached_blocks > 0
+    assert set(d.snapshot.block_hashes) and d.kv_layout.block_size == BLOCK
+    assert p.num_free_blocks == p.num_total_blocks and set(p.snapshot.block_hashes)
+    reg = decode.metrics.registry
+    assert reg.get_sample_value("baton_ttft_seconds_count") >= 1
+    assert reg.get_sample_value("baton_itl_seconds_count") >= 1
+    assert reg.get_sample_value("baton_kv_received_bytes_total") > 0
+    assert reg.get_sample_value("baton_kv_free_blocks") == 96
+    assert prefill.metrics.registry.get_sample_value("baton_kv_transferred_bytes_total") > 0
+
+
+async def test_concurrent_mixed_requests_match_reference(whole, model):
+    """Remote and local prefills batched together on both workers, token order intact."""
+    import asyncio
+
+    _, _, client = whole
+    prompts = [prompt_of(n, seed=100 + n) for n in (9, 17, 24, 33, 40, 47, 12, 29)]
+    results = await asyncio.gather(*(client.generate(p) for p in prompts))
+    for p, res in zip(prompts, results):
+        assert res.output == hf_greedy(model, p, 8)
+        assert res.fin.timings.remote_prefill is (len(p) >= 16)
