@@ -1,0 +1,312 @@
+"""`baton up`: a local Baton cluster — N prefill + M decode workers and a gateway — as processes.
+
+    baton up [--model smollm2-135m] [--port 8000] [--num-prefill 1] [--num-decode 1]
+             [--mode disaggregated|colocated] [--routing session|kv|round-robin]
+             [--transport nixl|grpc]
+
+1. resolve the model once here (a registered model is converted on first use, not by every
+   worker at once);
+2. start every worker as `python -m prefill_service|decode_service --port 0` (its own process
+   group, one torch thread, killed with this process if it dies) and wait for each one's
+   `READY port=N` line; colocated mode starts decode workers only (every prefill local);
+3. start `python -m gateway` with the workers' addresses and wait until GET /health is 200
+   and reports every worker healthy;
+4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
+5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
+A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
+Logs: one file per child in --log-dir (a temporary folder unless given).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+# The module each role runs as (`python -m MODULE`); tests point these at stand-ins.
+ROLE_MODULES = {"prefill": "prefill_service", "decode": "decode_service", "gateway": "gateway"}
+_READY = re.compile(r"READY port=(\d+)")
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Interrupted(Exception):
+    """Ctrl-C / SIGTERM arrived."""
+
+
+@dataclass
+class Child:
+    """One role process; `port` is set from its READY line."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    port: int | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, env: dict[str, str]) -> None:
+        log = open(self.log_path, "ab", buffering=0)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, env=env,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        threading.Thread(target=self._read_stdout, args=(log,), daemon=True).start()
+
+    def _read_stdout(self, log) -> None:
+        for line in iter(self.proc.stdout.readline, b""):
+            log.write(line)
+            text = line.decode(errors="replace").strip()
+            match = _READY.match(text)
+            if match:
+                self.port = int(match.group(1))
+                self.ready.set()
+            elif text.startswith("[gateway] serving"):
+                self.ready.set()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when `baton up` dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
+    p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
+    p.add_argument("--grpc-port", type=int, default=None, help="gateway gRPC front (off)")
+    p.add_argument("--num-prefill", type=int, default=1)
+    p.add_argument("--num-decode", type=int, default=1)
+    p.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
+    p.add_argument("--routing", choices=["session", "kv", "round-robin"], default="session")
+    p.add_argument("--transport", choices=["nixl", "grpc"], default="nixl")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--dtype", default=None, help="worker dtype (default: the workers')")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--min-remote-tokens", type=int, default=None,
+                   help="decode: shortest uncached suffix prefilled remotely")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
+    p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--stop-timeout", type=float, default=15.0)
+    return p
+
+
+def _worker_args(a: argparse.Namespace) -> list[str]:
+    out = ["--model", a.model, "--host", "127.0.0.1", "--port", "0",
+           "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5"]
+    for flag in ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes"):
+        value = getattr(a, flag)
+        if value is not None:
+            out += [f"--{flag.replace('_', '-')}", str(value)]
+    return out
+
+
+def _env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("UCX_NET_DEVICES", "lo")  # one machine: keep NIXL/UCX on loopback
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _health(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+class Cluster:
+    def __init__(self, a: argparse.Namespace, log_dir: Path) -> None:
+        self.a = a
+        self.log_dir = log_dir
+        self.env = _env(a.threads)
+        self.prefill: list[Child] = []
+        self.decode: list[Child] = []
+        self.gateway: Child | None = None
+        self.stop_signal: int | None = None
+
+    def request_stop(self, sig: int, _frame=None) -> None:
+        self.stop_signal = sig
+
+    @property
+    def children(self) -> list[Child]:
+        return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
+
+    def _child(self, name: str, role: str, args: list[str]) -> Child:
+        argv = [sys.executable, "-m", ROLE_MODULES[role], *args]
+        child = Child(name, argv, self.log_dir / f"{name}.log")
+        child.start(self.env)
+        return child
+
+    def start(self) -> None:
+        a = self.a
+        workers = _worker_args(a)
+        if a.mode == "disaggregated":
+            self.prefill = [self._child(f"prefill-{i}", "prefill", workers)
+                            for i in range(a.num_prefill)]
+        decode_extra = [] if a.min_remote_tokens is None else \
+            ["--min-remote-tokens", str(a.min_remote_tokens)]
+        self.decode = [self._child(f"decode-{i}", "decode", workers + decode_extra)
+                       for i in range(a.num_decode)]
+        deadline = time.monotonic() + a.startup_timeout
+        self._wait_ready(self.prefill + self.decode, deadline)
+        gateway_args = ["--model", a.model, "--host", a.host, "--port", str(a.port),
+                        "--routing", a.routing, "--log-level", a.log_level,
+                        "--decode", ",".join(c.address for c in self.decode)]
+        if self.prefill:
+            gateway_args += ["--prefill", ",".join(c.address for c in self.prefill)]
+        else:
+            gateway_args += ["--prefill-mode", "local"]
+        for flag in ("grpc_port", "api_key", "max_model_len", "block_size"):
+            value = getattr(a, flag)
+            if value is not None:
+                gateway_args += [f"--{flag.replace('_', '-')}", str(value)]
+        self.gateway = self._child("gateway", "gateway", gateway_args)
+        self._wait_ready([self.gateway], deadline)
+        self._wait_healthy(deadline)
+
+    def _wait_ready(self, children: list[Child], deadline: float) -> None:
+        for child in children:
+            while not child.ready.wait(0.1):
+                self._check_alive(children)
+                if time.monotonic() > deadline:
+                    raise StartupError(f"{child.name} not ready after "
+                                       f"{self.a.startup_timeout:g} s")
+
+    def _wait_healthy(self, deadline: float) -> None:
+        host = "127.0.0.1" if self.a.host in ("0.0.0.0", "::") else self.a.host
+        url = f"http://{host}:{self.a.port}/health"
+        want = {"decode": len(self.decode), "prefill": len(self.prefill)}
+        while True:
+            body = _health(url)
+            if body and all(body["workers"][r]["healthy"] == n for r, n in want.items()):
+                return
+            self._check_alive(self.children)
+            if time.monotonic() > deadline:
+                raise StartupError(f"{url} did not report every worker healthy within "
+                                   f"{self.a.startup_timeout:g} s (last answer: {body})")
+            time.sleep(0.2)
+
+    def _check_alive(self, children: list[Child]) -> None:
+        if self.stop_signal is not None:
+            raise Interrupted()
+        for child in children:
+            code = child.exited()
+            if code is not None:
+                raise StartupError(f"{child.name} exited with status {code} during start-up; "
+                                   f"the end of {child.log_path}:\n{child.log_tail()}")
+
+    def dead_child(self) -> Child | None:
+        return next((c for c in self.children if c.exited() is not None), None)
+
+    def stop(self) -> None:
+        """Gateway first (no new requests), then decode, then prefill workers."""
+        for group in ([self.gateway] if self.gateway else [], self.decode, self.prefill):
+            running = [c for c in group if c.exited() is None]
+            for c in running:
+                c.proc.send_signal(signal.SIGTERM)
+            end = time.monotonic() + self.a.stop_timeout
+            for c in running:
+                try:
+                    c.proc.wait(max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    print(f"[baton up] {c.name} did not stop in {self.a.stop_timeout:g} s; "
+                          "killing it", file=sys.stderr)
+                    c.proc.kill()
+                    c.proc.wait()
+
+
+def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
+    host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
+    url = f"http://{host}:{a.port}"
+    body = json.dumps({"model": a.model, "messages": [{"role": "user", "content": "Hello!"}],
+                       "max_tokens": 32})
+    auth = f" -H {shlex.quote('Authorization: Bearer ' + a.api_key)}" if a.api_key else ""
+    roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
+        f"{len(cluster.decode)} decode worker(s), routing {a.routing}, transport {a.transport}"
+    return (f"[baton up] ready: {url}  ({roles})\n"
+            f"[baton up] OpenAI base URL: {url}/v1   logs: {cluster.log_dir}\n"
+            f"[baton up] try:\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+            f"-d {shlex.quote(body)}\n"
+            f"[baton up] Ctrl-C to stop.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.num_decode < 1 or (a.mode == "disaggregated" and a.num_prefill < 1):
+        print("baton up: need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)",
+              file=sys.stderr)
+        return 2
+    try:
+        from baton.models.registry import resolve_model
+        resolve_model(a.model)  # convert once here, before the workers race to it
+    except ValueError as e:
+        print(f"baton up: {e}", file=sys.stderr)
+        return 1
+    log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(a, log_dir)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, cluster.request_stop)
+    try:
+        print(f"[baton up] starting {a.model} ({a.mode}); logs in {log_dir}", flush=True)
+        cluster.start()
+        print(_banner(a, cluster), flush=True)
+        while cluster.stop_signal is None:
+            dead = cluster.dead_child()
+            if dead is not None:
+                print(f"[baton up] {dead.name} exited with status {dead.exited()}; stopping. "
+                      f"The end of {dead.log_path}:\n{dead.log_tail()}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        print("[baton up] stopping...", flush=True)
+        return 0
+    except Interrupted:
+        print("[baton up] interrupted during start-up; stopping...", flush=True)
+        return 130
+    except StartupError as e:
+        print(f"[baton up] start-up failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        print("[baton up] stopped", flush=True)

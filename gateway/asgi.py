@@ -1,0 +1,167 @@
+"""ASGI pieces under the FastAPI routes: the guard in front, SSE and disconnect handling behind.
+
+- `Guard` (outermost middleware): stamps the arrival time, checks the API key (every path but
+  /health), bounds the body (Content-Length, and counted while it streams in), and counts
+  every response by endpoint and status for /metrics.
+- `SSEResponse`: sends events while watching for the client to leave; when it leaves, the
+  producer is cancelled and the generators are closed in order, so the decode Generate call
+  is cancelled right away (not when the garbage collector gets to it).
+- `until_disconnect`: the same for non-streaming requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.responses import StreamingResponse
+
+from gateway.errors import error_body
+from gateway.metrics import GatewayMetrics
+
+logger = logging.getLogger(__name__)
+
+ARRIVAL_KEY = "baton.arrival"
+_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` while the body streams in: an HTTPException, so FastAPI's body
+    reader passes it on (it turns other errors into a 400)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"Request body larger than {limit} bytes.")
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Guard:
+    def __init__(self, app, api_key: str | None, max_body_bytes: int,
+                 metrics: GatewayMetrics) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._max_body = max_body_bytes
+        self._metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope[ARRIVAL_KEY] = time.monotonic()
+        path = scope["path"]
+        endpoint = path if path in _ENDPOINTS else "other"
+        counted_send = self._counting_send(send, endpoint)
+        headers = dict(scope["headers"])
+        if self._expected is not None and path != "/health":
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+                return await _json(counted_send, 401, error_body(
+                    401, "Incorrect or missing API key (send 'Authorization: Bearer KEY').",
+                    code="invalid_api_key"))
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self._max_body:
+            return await _json(counted_send, 413, self.too_large_body())
+        await self.app(scope, self._bounded_receive(receive), counted_send)
+
+    def too_large_body(self) -> dict:
+        return error_body(413, BodyTooLarge(self._max_body).detail, code="request_too_large")
+
+    def _bounded_receive(self, receive):
+        seen = 0
+
+        async def bounded():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self._max_body:
+                    raise BodyTooLarge(self._max_body)
+            return message
+        return bounded
+
+    def _counting_send(self, send, endpoint: str):
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                self._metrics.requests.labels(endpoint, str(status)).inc()
+                if status >= 400:
+                    self._metrics.errors.labels(str(status), "response").inc()
+            await send(message)
+        return counted
+
+
+async def _json(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def wait_disconnect(receive) -> None:
+    """Returns when the client has gone (the request body must have been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(receive, work: Awaitable):
+    """Run `work`; if the client leaves first, cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+class SSEResponse(StreamingResponse):
+    """text/event-stream of `events`; `closers` are async generators closed at the end, in
+    order (outermost first); `on_disconnect` runs when the client left before the end."""
+
+    def __init__(self, events: AsyncIterator[bytes], closers: list,
+                 on_disconnect: Callable[[], None] = lambda: None) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._closers = closers
+        self._on_disconnect = on_disconnect
+        self._completed = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (pump, watcher):
+                t.cancel()
+            await asyncio.gather(pump, watcher, return_exceptions=True)
+            for gen in self._closers:
+                await gen.aclose()
+        if not self._completed:
+            self._on_disconnect()
+
+    async def _pump(self, send) -> None:
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (OSError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # a bug: tell the client instead of hanging up silently
+            logger.exception("stream failed")
+            body = error_body(500, f"internal error while streaming: {type(e).__name__}")
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": b"data: " + json.dumps(body).encode() + b"\n\n"})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._completed = True

@@ -1,0 +1,186 @@
+"""The gateway's frozen configuration, built once from the command line in `__main__`.
+
+    python -m gateway --model smollm2-135m --decode 127.0.0.1:50051 --prefill 127.0.0.1:50061 \
+        --port 8000 --grpc-port 50050 --routing session --api-key SECRET
+
+Workers come from `--decode` / `--prefill` (comma-separated or repeated) and from
+`--workers-file` (YAML or JSON: `{decode: [...], prefill: [...]}`, re-read periodically).
+A `host:port` whose host is a name is resolved to its IPv4 (A) records every
+`--dns-refresh-s`; each address is one worker (a Kubernetes headless Service works as is).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class RoutingPolicy(str, Enum):
+    """session: sticky sessions, KV overlap minus load for new ones; kv: KV overlap minus load
+    for every request; round-robin: rotate over healthy workers (the baseline)."""
+
+    SESSION = "session"
+    KV = "kv"
+    ROUND_ROBIN = "round-robin"
+
+
+class PrefillModeChoice(str, Enum):
+    AUTO = "auto"
+    LOCAL = "local"
+    REMOTE = "remote"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Knobs of gateway/router.py.
+
+    overload_load: a worker whose fresh reported load is at or above this is overloaded: a
+    session leaves it when a worker below it exists. stale_after_s: stats older than this are
+    ignored (the worker counts as neither loaded nor overloaded). kv_weight / load_weight:
+    score = kv_weight * (matched prefix blocks / prompt blocks) - load_weight * load.
+    capacity_hint: requests a worker takes before the gateway's own count of requests it
+    started since the last stats reads as load 1. session_ttl_s / max_sessions: bound the
+    session table. sent_index_blocks: block hashes remembered per worker of what the gateway
+    sent there.
+    """
+
+    policy: RoutingPolicy = RoutingPolicy.SESSION
+    overload_load: float = 1.5
+    stale_after_s: float = 3.0
+    kv_weight: float = 1.0
+    load_weight: float = 1.0
+    capacity_hint: int = 32
+    session_ttl_s: float = 3600.0
+    max_sessions: int = 100_000
+    sent_index_blocks: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.overload_load <= 0 or self.stale_after_s <= 0 or self.capacity_hint < 1:
+            raise ValueError("overload_load, stale_after_s and capacity_hint must be positive")
+        if self.max_sessions < 1 or self.sent_index_blocks < 0:
+            raise ValueError("max_sessions must be >= 1 and sent_index_blocks >= 0")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway process needs.
+
+    model: the served model (registered name or folder); requests must name `served_model_name`
+    (default: `model`). grpc_port None = no gRPC front (0 = any free port).
+    first_token_timeout_s: a decode worker that sends nothing for this long after Generate is
+    given up on (retried elsewhere, else 504). stream_idle_timeout_s: the same between
+    messages once streaming (an error event then). max_attempts: workers tried per request
+    before the first token. max_inflight: requests in the gateway at once (429 beyond).
+    """
+
+    model: str = "smollm2-135m"
+    served_model_name: str = ""
+    decode: tuple[str, ...] = ()
+    prefill: tuple[str, ...] = ()
+    workers_file: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int | None = None
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20
+    max_model_len: int | None = None
+    block_size: int | None = None
+    prefill_mode: PrefillModeChoice = PrefillModeChoice.AUTO
+    max_inflight: int = 1024
+    max_attempts: int = 3
+    poll_interval_s: float = 0.5
+    rpc_timeout_s: float = 2.0
+    dns_refresh_s: float = 5.0
+    first_token_timeout_s: float = 600.0
+    stream_idle_timeout_s: float = 300.0
+    shutdown_grace_s: float = 5.0
+    access_log: bool = False
+    log_level: str = "info"
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self) -> None:
+        if not self.served_model_name:
+            object.__setattr__(self, "served_model_name", self.model)
+        if not (self.decode or self.workers_file):
+            raise ValueError("no decode workers: give --decode ADDR[,ADDR] or --workers-file")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
+        if self.max_inflight < 1 or self.max_attempts < 1:
+            raise ValueError("max_inflight and max_attempts must be >= 1")
+        if min(self.poll_interval_s, self.rpc_timeout_s, self.dns_refresh_s,
+               self.first_token_timeout_s, self.stream_idle_timeout_s) <= 0:
+            raise ValueError("intervals and timeouts must be positive")
+        for addr in (*self.decode, *self.prefill):
+            split_host_port(addr)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' → (host, port); ValueError on anything else."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"worker address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _addresses(values: list[str] | None) -> tuple[str, ...]:
+    out: list[str] = []
+    for value in values or []:
+        out.extend(a.strip() for a in value.split(",") if a.strip())
+    return tuple(dict.fromkeys(out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gateway",
+                                description="Baton gateway: OpenAI HTTP API + gRPC front.")
+    p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
+    p.add_argument("--served-model-name", default="", help="name clients use (default --model)")
+    p.add_argument("--decode", action="append", help="decode worker(s) host:port[,host:port]")
+    p.add_argument("--prefill", action="append", help="prefill worker(s) host:port[,...]")
+    p.add_argument("--workers-file", default=None, help="YAML/JSON {decode: [...], prefill: [...]}")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--grpc-host", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=None, help="gRPC front port (off if unset)")
+    p.add_argument("--routing", choices=[r.value for r in RoutingPolicy], default="session")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit (default: the model's max_position_embeddings)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="KV block size for routing hashes (default: from worker stats)")
+    p.add_argument("--prefill-mode", choices=[m.value for m in PrefillModeChoice], default="auto")
+    p.add_argument("--max-inflight", type=int, default=1024)
+    p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--poll-interval-s", type=float, default=0.5)
+    p.add_argument("--dns-refresh-s", type=float, default=5.0)
+    p.add_argument("--first-token-timeout-s", type=float, default=600.0)
+    p.add_argument("--stream-idle-timeout-s", type=float, default=300.0)
+    p.add_argument("--overload-load", type=float, default=1.5)
+    p.add_argument("--access-log", action="store_true")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> GatewayConfig:
+    """Command line → GatewayConfig; exits with a usage message on bad flags."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return GatewayConfig(
+            model=a.model, served_model_name=a.served_model_name,
+            decode=_addresses(a.decode), prefill=_addresses(a.prefill),
+            workers_file=a.workers_file, host=a.host, port=a.port, grpc_host=a.grpc_host,
+            grpc_port=a.grpc_port, api_key=a.api_key or None, max_body_bytes=a.max_body_bytes,
+            max_model_len=a.max_model_len, block_size=a.block_size,
+            prefill_mode=PrefillModeChoice(a.prefill_mode), max_inflight=a.max_inflight,
+            max_attempts=a.max_attempts, poll_interval_s=a.poll_interval_s,
+            dns_refresh_s=a.dns_refresh_s, first_token_timeout_s=a.first_token_timeout_s,
+            stream_idle_timeout_s=a.stream_idle_timeout_s, access_log=a.access_log,
+            log_level=a.log_level,
+            router=RouterConfig(policy=RoutingPolicy(a.routing), overload_load=a.overload_load,
+                                stale_after_s=max(3.0, 6 * a.poll_interval_s)),
+        )
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits

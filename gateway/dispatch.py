@@ -1,0 +1,212 @@
+"""One request's trip through the workers; both fronts (HTTP and gRPC) use it.
+
+    stream(job):
+      1. block hashes of the prompt (for KV-aware routing)
+      2. route → decode (+ prefill) worker; Generate(prompt, params, prefill_address)
+      3. wait for the first message (a deadline for all attempts together); if the call fails
+         or times out before it, try the next worker (nothing was streamed yet, so a retry is
+         invisible), up to max_attempts; INVALID_ARGUMENT is the request's fault: no retry
+      4. relay every message; a call that breaks or goes quiet after that ends each open
+         completion with Finished{ERROR} (never a silent hang)
+      5. closing the iterator early (the client left) cancels the Generate call, which aborts
+         the request on the decode worker (and from there on prefill)
+Failures before the first message raise GatewayError (HTTP status + Retry-After).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.prefix_hashes import SessionHashCache
+from gateway.router import RouteDecision, Router
+from gateway.workers import DECODE, PREFILL, Worker, WorkerPool
+from protos import common_pb2, decode_pb2
+
+_PREFILL_MODES = {PrefillModeChoice.AUTO: decode_pb2.PREFILL_MODE_AUTO,
+                  PrefillModeChoice.LOCAL: decode_pb2.PREFILL_MODE_LOCAL,
+                  PrefillModeChoice.REMOTE: decode_pb2.PREFILL_MODE_REMOTE}
+_C = grpc.StatusCode
+_CLIENT_FAULT = {_C.INVALID_ARGUMENT, _C.OUT_OF_RANGE, _C.FAILED_PRECONDITION, _C.NOT_FOUND}
+
+
+@dataclass
+class Job:
+    """A templated, tokenized request ready to route."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: common_pb2.SamplingParams
+    session_id: str = ""
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def n(self) -> int:
+        return max(1, self.params.n)
+
+
+class Dispatcher:
+    def __init__(self, config: GatewayConfig, pool: WorkerPool, router: Router,
+                 metrics: GatewayMetrics) -> None:
+        self.config = config
+        self.pool = pool
+        self.router = router
+        self.metrics = metrics
+        self.inflight = 0
+        self._hashes = SessionHashCache()
+
+    async def stream(self, job: Job) -> AsyncIterator[decode_pb2.GenerateResponse]:
+        """The decode worker's messages for `job` (see the module docstring)."""
+        if self.inflight >= self.config.max_inflight:
+            raise GatewayError(429, "too many requests in flight; retry shortly",
+                               code="rate_limit_exceeded", retry_after=1)
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        call = worker = None
+        try:
+            call, worker, first = await self._start(job)
+            async for msg in self._relay(job, call, worker, first):
+                yield msg
+        finally:
+            if call is not None and not call.done():
+                call.cancel()
+            if worker is not None:
+                worker.inflight -= 1
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+
+    def block_hashes(self, token_ids: list[int], session_id: str = "") -> list[int]:
+        if self.config.router.policy is RoutingPolicy.ROUND_ROBIN:
+            return []
+        block_size = self.config.block_size or self.pool.block_size()
+        return self._hashes.hashes(token_ids, block_size, session_id) if block_size else []
+
+    # ---- before the first message --------------------------------------------------------
+    async def _start(self, job: Job):
+        hashes = self.block_hashes(job.prompt_token_ids, job.session_id)
+        deadline = job.arrival + self.config.first_token_timeout_s
+        tried: list[str] = []
+        last_error: GatewayError | None = None
+        for _ in range(self.config.max_attempts):
+            decision = self.router.route(job.session_id, hashes, self.pool.views(DECODE),
+                                         self.pool.views(PREFILL), time.monotonic(), tried)
+            worker = decision and self.pool.get(DECODE, decision.decode)
+            if worker is None:
+                break
+            tried.append(decision.decode)
+            self.metrics.routing.labels(self.config.router.policy.value, decision.reason).inc()
+            worker.inflight += 1
+            worker.started_since_stats += 1
+            call = worker.stub.Generate(self._request(job, decision), wait_for_ready=False)
+            try:
+                async with asyncio.timeout_at(_loop_deadline(deadline)):
+                    first = await call.read()
+                if first is not grpc.aio.EOF:
+                    self.router.record(job.session_id, decision, hashes, time.monotonic())
+                    return call, worker, first
+                last_error = GatewayError(502, f"decode worker {worker.address} ended the "
+                                          "stream without output", code="upstream_error")
+            except TimeoutError:
+                last_error = GatewayError(504, "no output from the decode worker within "
+                                          f"{self.config.first_token_timeout_s:g} s",
+                                          code="timeout")
+            except grpc.aio.AioRpcError as e:
+                last_error = self._rpc_error(worker, e)
+            except BaseException:
+                call.cancel()
+                worker.inflight -= 1
+                raise
+            call.cancel()
+            worker.inflight -= 1
+            self.metrics.retries.labels(last_error.code or str(last_error.status)).inc()
+            if last_error.status == 400 or time.monotonic() >= deadline:
+                break
+        if last_error is None:
+            raise GatewayError(503, "no healthy decode worker", code="service_unavailable",
+                               retry_after=1)
+        raise last_error
+
+    def _request(self, job: Job, decision: RouteDecision) -> decode_pb2.GenerateRequest:
+        mode = self.config.prefill_mode
+        req = decode_pb2.GenerateRequest(
+            request_id=job.request_id, prompt_token_ids=job.prompt_token_ids,
+            sampling_params=job.params, session_id=job.session_id)
+        if decision.prefill is None or mode is PrefillModeChoice.LOCAL:
+            req.prefill_mode = decode_pb2.PREFILL_MODE_LOCAL
+        else:
+            req.prefill_mode = _PREFILL_MODES[mode]
+            req.prefill_address = decision.prefill
+        return req
+
+    def _rpc_error(self, worker: Worker, e: grpc.aio.AioRpcError) -> GatewayError:
+        code, details = e.code(), e.details() or e.code().name
+        if code in _CLIENT_FAULT:
+            return GatewayError(400, details, code="invalid_request")
+        if code == _C.RESOURCE_EXHAUSTED:
+            return GatewayError(429, f"decode worker overloaded: {details}",
+                                code="rate_limit_exceeded", retry_after=1)
+        if code == _C.DEADLINE_EXCEEDED:
+            return GatewayError(504, f"decode worker timed out: {details}", code="timeout")
+        if code in (_C.UNAVAILABLE, _C.CANCELLED, _C.UNIMPLEMENTED):
+            self.pool.mark_failed(DECODE, worker.address, f"{code.name} {details}")
+            return GatewayError(503, f"decode worker {worker.address} unavailable: {details}",
+                                code="service_unavailable", retry_after=1)
+        return GatewayError(502, f"decode worker failed: {code.name} {details}",
+                            code="upstream_error")
+
+    # ---- after the first message ---------------------------------------------------------
+    async def _relay(self, job: Job, call, worker: Worker, first):
+        open_indexes = set(range(job.n))
+        last_token_at: dict[int, float] = {}
+        msg = first
+        try:
+            while True:
+                self._observe(job, msg, open_indexes, last_token_at)
+                yield msg
+                if not open_indexes:
+                    return
+                async with asyncio.timeout(self.config.stream_idle_timeout_s):
+                    msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    error = "decode worker ended the stream early"
+                    break
+        except TimeoutError:
+            error = f"decode worker sent nothing for {self.config.stream_idle_timeout_s:g} s"
+        except grpc.aio.AioRpcError as e:
+            # Not marked failed here: one broken stream is not a dead worker (the poller and
+            # the next call's fast UNAVAILABLE tell).
+            error = f"decode worker failed mid-stream: {e.code().name} {e.details() or ''}"
+        for index in sorted(open_indexes):
+            yield decode_pb2.GenerateResponse(finished=decode_pb2.Finished(
+                index=index, finish_reason=common_pb2.FINISH_REASON_ERROR, error=error.strip()))
+        self.metrics.e2e.observe(time.monotonic() - job.arrival)
+
+    def _observe(self, job: Job, msg, open_indexes: set[int], last: dict[int, float]) -> None:
+        now = time.monotonic()
+        if msg.WhichOneof("kind") == "tokens":
+            i = msg.tokens.index
+            if not last:
+                self.metrics.ttft.observe(now - job.arrival)
+            elif i in last:
+                self.metrics.itl.observe(now - last[i])
+            last[i] = now
+            return
+        open_indexes.discard(msg.finished.index)
+        if not open_indexes:
+            self.metrics.e2e.observe(now - job.arrival)
+            usage = msg.finished.usage
+            self.metrics.prompt_tokens.inc(usage.prompt_tokens)
+            self.metrics.cached_tokens.inc(usage.cached_tokens)
+            self.metrics.completion_tokens.inc(usage.completion_tokens)
+
+
+def _loop_deadline(deadline_monotonic: float) -> float:
+    """time.monotonic() deadline → the running loop's clock (they may differ, e.g. uvloop)."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (deadline_monotonic - time.monotonic())

@@ -1,0 +1,66 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` + HTTP status.
+
+`GatewayError` is raised anywhere below the HTTP layer; the same object maps onto a gRPC status
+for the gRPC front and onto an SSE error event once a stream has started.
+"""
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+import grpc
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+          404: "invalid_request_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error"}
+
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+               404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.INVALID_ARGUMENT,
+               429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
+               504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class GatewayError(Exception):
+    """A request failed with an HTTP `status`. retry_after: seconds, sent as Retry-After."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error")
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
+
+
+def error_body(status: int, message: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
+                      "param": param, "code": code}}
+
+
+def sse_error(error: GatewayError) -> bytes:
+    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+def status_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

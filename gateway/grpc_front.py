@@ -1,0 +1,110 @@
+"""The gateway's gRPC front (protos/gateway.proto): `Generate` with the HTTP API's semantics.
+
+Prompt (text, token ids or chat) → token ids → checked SamplingParams → the same `Dispatcher`
+as HTTP → the decode worker's messages relayed unchanged. Errors before the first message
+abort the call with the status matching the HTTP one (400 → INVALID_ARGUMENT, 404 →
+NOT_FOUND, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED).
+A client that cancels the call cancels the decode call behind it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import grpc
+
+from baton.sampling_params import SamplingParams
+from gateway.config import GatewayConfig
+from gateway.dispatch import Dispatcher, Job
+from gateway.errors import GatewayError
+from gateway.prompts import PromptBuilder, PromptError
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, config: GatewayConfig, prompts: PromptBuilder,
+                 dispatcher: Dispatcher) -> None:
+        self._models = {config.served_model_name, config.model}
+        self._prompts = prompts
+        self._dispatcher = dispatcher
+
+    async def Generate(self, request: gateway_pb2.GatewayGenerateRequest, context):
+        arrival = time.monotonic()
+        if request.model and request.model not in self._models:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"The model `{request.model}` does not exist.")
+        try:
+            ids = await asyncio.to_thread(self._prompt_ids, request) \
+                if request.ByteSize() > 16_384 else self._prompt_ids(request)
+            params = checked_params(request.sampling_params, len(ids),
+                                    self._prompts.max_model_len)
+        except (PromptError, ValueError) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        job = Job(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
+                  request.session_id, arrival)
+        messages = self._dispatcher.stream(job)
+        try:
+            async for msg in messages:
+                yield msg
+        except GatewayError as e:
+            await context.abort(e.grpc_code, e.message)
+        finally:
+            await messages.aclose()
+
+    def _prompt_ids(self, request: gateway_pb2.GatewayGenerateRequest) -> list[int]:
+        kind = request.WhichOneof("prompt")
+        if kind == "text":
+            return self._prompts.text_token_ids(request.text)
+        if kind == "token_ids":
+            return self._prompts.check_token_ids(list(request.token_ids.ids))
+        if kind == "chat":
+            return self._prompts.chat_token_ids(
+                [_message(m) for m in request.chat.messages],
+                [_tool(t) for t in request.chat.tools] or None)
+        raise PromptError("a prompt is required (text, token_ids or chat)")
+
+
+def checked_params(p: common_pb2.SamplingParams, prompt_len: int,
+                   max_model_len: int) -> common_pb2.SamplingParams:
+    """Validate with baton's SamplingParams (ValueError) and fill max_tokens from the room left."""
+    room = max_model_len - prompt_len
+    if room < 1 or (p.HasField("max_tokens") and p.max_tokens > room):
+        raise ValueError(f"This model's maximum context length is {max_model_len} tokens; "
+                         f"the prompt has {prompt_len}"
+                         + (f" and max_tokens is {p.max_tokens}" if p.HasField("max_tokens")
+                            else ""))
+    SamplingParams(
+        n=max(1, p.n), temperature=p.temperature, top_p=p.top_p or 1.0, top_k=max(-1, p.top_k),
+        min_p=p.min_p, seed=p.seed if p.HasField("seed") else None,
+        max_tokens=p.max_tokens if p.HasField("max_tokens") else room,
+        min_tokens=p.min_tokens, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos, logprobs=p.logprobs if p.HasField("logprobs") else None)
+    out = common_pb2.SamplingParams()
+    out.CopyFrom(p)
+    if not out.HasField("max_tokens"):
+        out.max_tokens = room
+    return out
+
+
+def _message(m: gateway_pb2.ChatMessage) -> dict:
+    out: dict = {"role": m.role, "content": m.content if m.HasField("content") else None}
+    if m.name:
+        out["name"] = m.name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    return out
+
+
+def _tool(t: gateway_pb2.ToolDefinition) -> dict:
+    try:
+        parameters = json.loads(t.parameters_json) if t.parameters_json else {}
+    except json.JSONDecodeError as e:
+        raise PromptError(f"tool {t.name!r}: parameters_json is not JSON: {e}") from e
+    return {"type": "function", "function": {"name": t.name, "description": t.description,
+                                             "parameters": parameters}}

@@ -1,0 +1,128 @@
+"""Prompts → token ids: the served model's tokenizer and chat template, and the context limit.
+
+Chat messages are normalized before templating, because real templates are strict and
+OpenAI clients send shapes they do not expect:
+- content parts [{"type": "text", "text": ...}] are joined into one string;
+- content null (assistant tool-call turns) becomes "" (SmolLM2's template fails on None);
+- tool_calls[].function.arguments arrive as JSON text; templates (Qwen, Hermes) expect a
+  mapping, so valid JSON objects are parsed, anything else stays text.
+Tools go to `apply_chat_template(tools=...)`; a template that ignores them is fine.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from gateway.piece_cache import PieceTokenizer
+
+
+class PromptError(ValueError):
+    """The prompt cannot be rendered or tokenized; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptBuilder:
+    """Tokenizer + chat template + context limit of the served model."""
+
+    def __init__(self, tokenizer, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.encoder = PieceTokenizer(tokenizer)
+        self.vocab_size = len(tokenizer)
+        self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, max_model_len: int | None = None) -> PromptBuilder:
+        """Load the tokenizer from a Hugging Face folder; the context limit is max_model_len
+        or the model's max_position_embeddings (ValueError when neither is known)."""
+        from transformers import AutoTokenizer
+
+        folder = Path(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if max_model_len is None:
+            config = json.loads((folder / "config.json").read_text())
+            max_model_len = config.get("max_position_embeddings")
+            if not max_model_len:
+                raise ValueError(f"{folder}: no max_position_embeddings; pass --max-model-len")
+        return cls(tokenizer, int(max_model_len))
+
+    def chat_token_ids(self, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None,
+                       add_generation_prompt: bool = True) -> list[int]:
+        """Render normalized messages through the chat template and tokenize."""
+        if not messages:
+            raise PromptError("messages must be a non-empty list", "messages")
+        if self.tokenizer.chat_template is None:
+            raise PromptError("the served model has no chat template; use /v1/completions",
+                              "messages")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [normalize_message(m) for m in messages], tools=tools or None,
+                add_generation_prompt=add_generation_prompt, tokenize=False)
+        except PromptError:
+            raise
+        except Exception as e:  # jinja's TemplateError and friends: the request's fault
+            raise PromptError(f"chat template failed: {e}", "messages") from e
+        return self.encoder.encode(text, add_special_tokens=False)
+
+    def text_token_ids(self, text: str) -> list[int]:
+        if not text:
+            raise PromptError("prompt must not be empty", "prompt")
+        return self.encoder.encode(text, add_special_tokens=True)
+
+    def check_token_ids(self, ids: list[int]) -> list[int]:
+        if not ids:
+            raise PromptError("prompt must not be empty", "prompt")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                              "prompt")
+        return ids
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def message_text(content: Any) -> str:
+    """OpenAI content (None, a string, or a list of text parts) → one string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise PromptError(f"content part of type {part.get('type')!r} is not supported "
+                              "(text only)", "messages")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
+    """One OpenAI chat message → the plain shape chat templates expect (see the docstring)."""
+    out = {k: v for k, v in message.items() if v is not None and k != "content"}
+    out["content"] = message_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_normalize_tool_call(c) for c in calls]
+    return out
+
+
+def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            parsed = args
+        function["arguments"] = parsed if isinstance(parsed, dict) else args
+    out = {"type": call.get("type") or "function", "function": function}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out

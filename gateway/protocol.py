@@ -1,0 +1,166 @@
+"""OpenAI request bodies (pydantic) and their mapping onto the workers' SamplingParams.
+
+Unknown fields are ignored (clients send many); known fields are type- and range-checked,
+so a bad value is a 400 naming the field. vLLM's extensions `top_k`, `min_p`, `ignore_eos`,
+`min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens` are
+accepted too.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from baton.sampling_params import MAX_LOGPROBS
+from protos import common_pb2
+
+MAX_N = 128
+MAX_STOP = 64
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(_Body):
+    name: str
+    # JSON text, as OpenAI clients send it (a mapping is accepted too).
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Body):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Generation(_Body):
+    """Fields both endpoints share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    @property
+    def parse_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+class RequestError(ValueError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: int,
+                       max_model_len: int) -> common_pb2.SamplingParams:
+    """Request → proto SamplingParams; RequestError when the prompt and max_tokens do not fit."""
+    room = max_model_len - prompt_len
+    requested = body.requested_max_tokens
+    if room < 1 or (requested is not None and requested > room):
+        want = f"{prompt_len} prompt tokens" + (f" + {requested} max_tokens" if requested else "")
+        raise RequestError(f"This model's maximum context length is {max_model_len} tokens; "
+                           f"the request needs {want}.", "max_tokens" if room >= 1 else "messages")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > MAX_STOP or any(not s for s in stop):
+        raise RequestError(f"stop must hold at most {MAX_STOP} non-empty strings", "stop")
+    max_tokens = requested if requested is not None else room
+    if body.min_tokens > max_tokens:
+        raise RequestError("min_tokens must be <= max_tokens", "min_tokens")
+    params = common_pb2.SamplingParams(
+        n=body.n,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=body.top_p or 1.0, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens, stop=stop, stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens)
+    if body.seed is not None:
+        params.seed = body.seed % (1 << 64)
+    if num_logprobs is not None:
+        params.logprobs = num_logprobs
+    if any(t < 0 for t in params.stop_token_ids):
+        raise RequestError("stop_token_ids must be >= 0", "stop_token_ids")
+    return params

@@ -1,0 +1,136 @@
+"""Assembles one gateway: tokenizer, worker pool, router, dispatcher, HTTP app, gRPC front.
+
+    gw = Gateway(config)          # or Gateway(config, prompts) with a tokenizer already loaded
+    await gw.start()              # binds config.host:config.port (0 = any) and the gRPC port
+    ... gw.http_url, gw.grpc_address ...
+    await gw.stop()               # stop accepting, let streams finish (shutdown_grace_s), close
+
+Used by `python -m gateway` and, in-process, by the tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from gateway.config import GatewayConfig, RoutingPolicy
+from gateway.dispatch import Dispatcher
+from gateway.grpc_front import GatewayServicer
+from gateway.http_api import create_app
+from gateway.metrics import GatewayMetrics
+from gateway.prompts import PromptBuilder
+from gateway.router import Router
+from gateway.workers import WorkerPool
+from protos import gateway_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway's main owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, prompts: PromptBuilder | None = None) -> None:
+        self.config = config
+        self.prompts = prompts
+        self.metrics = GatewayMetrics()
+        self.router = Router(config.router)
+        self.pool = WorkerPool(config, config.router.policy is not RoutingPolicy.ROUND_ROBIN,
+                               on_worker_removed=self.router.forget_worker)
+        self.dispatcher = Dispatcher(config, self.pool, self.router, self.metrics)
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._http: _Server | None = None
+        self._http_task: asyncio.Task | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._janitor: asyncio.Task | None = None
+
+    @property
+    def http_url(self) -> str:
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{_bracket(host)}:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str | None:
+        return None if self.grpc_port is None else \
+            f"{_bracket(self.config.grpc_host)}:{self.grpc_port}"
+
+    async def start(self) -> None:
+        if self.prompts is None:
+            self.prompts = await asyncio.to_thread(self._load_prompts)
+        await self.pool.start()
+        if self.config.grpc_port is not None:
+            await self._start_grpc()
+        await self._start_http()
+        self._janitor = asyncio.create_task(self._expire_sessions())
+
+    def _load_prompts(self) -> PromptBuilder:
+        from baton.models.registry import resolve_model
+        return PromptBuilder.from_folder(resolve_model(self.config.model),
+                                         self.config.max_model_len)
+
+    async def _start_grpc(self) -> None:
+        self._grpc = grpc.aio.server()
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+            GatewayServicer(self.config, self.prompts, self.dispatcher), self._grpc)
+        health_servicer = health.aio.HealthServicer()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
+        address = f"{_bracket(self.config.grpc_host)}:{self.config.grpc_port}"
+        self.grpc_port = self._grpc.add_insecure_port(address)
+        if not self.grpc_port:
+            raise OSError(f"cannot bind the gRPC front to {address}")
+        await self._grpc.start()
+
+    async def _start_http(self) -> None:
+        app = create_app(self.config, self.prompts, self.dispatcher, self.pool, self.metrics)
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        sock = socket.create_server((self.config.host, self.config.port), family=family,
+                                    backlog=2048)
+        self.http_port = sock.getsockname()[1]
+        self._http = _Server(uvicorn.Config(
+            app, log_config=None, access_log=self.config.access_log, lifespan="off",
+            timeout_graceful_shutdown=self.config.shutdown_grace_s, timeout_keep_alive=30))
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+        while not self._http.started:
+            if self._http_task.done():
+                self._http_task.result()
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        """Stop accepting, give running requests shutdown_grace_s, then close everything."""
+        if self._janitor:
+            self._janitor.cancel()
+        if self._http is not None:
+            self._http.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._http_task),
+                                       self.config.shutdown_grace_s + 5)
+            except (asyncio.TimeoutError, Exception):
+                self._http.force_exit = True
+                self._http_task.cancel()
+                await asyncio.gather(self._http_task, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(self.config.shutdown_grace_s)
+        await self.pool.close()
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(60)
+            self.router.expire_sessions(time.monotonic())
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,289 @@
+"""Worker discovery, gRPC channels, health checks and stats polling: the routing table's soft state.
+
+    specs (--decode/--prefill, --workers-file) ──resolve every dns_refresh_s──▶ addresses
+    per address: channel + poll loop every poll_interval_s:
+        grpc.health.v1 Check("")   SERVING → healthy; NOT_SERVING or no answer → unhealthy
+        GetStats(delta since seq)  load and block hashes; a failure only lets them go stale
+                                   (no health service: GetStats answering = healthy)
+
+A worker that fails a call (UNAVAILABLE) is marked unhealthy at once (`mark_failed`), so the
+next request goes elsewhere without waiting for a poll. Block hashes arrive as a snapshot or a
+delta (protos/common.proto); a new kv_epoch means the worker restarted: its old hashes go.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.config import GatewayConfig, split_host_port
+from gateway.router import WorkerView
+from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+DECODE, PREFILL = "decode", "prefill"
+
+# One set of channel options for every worker channel: big stats snapshots, keepalive so a
+# dead peer is noticed on idle channels, quick reconnects after a worker restarts.
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+
+
+@dataclass
+class Worker:
+    """One worker as the gateway sees it. healthy None = not polled yet (routable)."""
+
+    address: str
+    role: str
+    channel: grpc.aio.Channel
+    stub: object
+    health: health_pb2_grpc.HealthStub
+    healthy: bool | None = None
+    stats: common_pb2.WorkerStats | None = None
+    stats_at: float = 0.0
+    block_hashes: set[int] = field(default_factory=set)
+    kv_epoch: int = 0          # sent in the next GetStats (0 = ask for a snapshot)
+    kv_seq: int = 0
+    kv_epoch_seen: int = 0     # epoch of the hashes we hold
+    inflight: int = 0
+    started_since_stats: int = 0
+    last_error: str = ""
+    poller: asyncio.Task | None = None
+
+    def view(self, now: float, stale_after_s: float) -> WorkerView:
+        fresh = self.stats is not None and now - self.stats_at <= stale_after_s
+        return WorkerView(
+            address=self.address, healthy=self.healthy is not False,
+            load=self.stats.load if fresh else None,
+            pending=self.started_since_stats if fresh else self.inflight,
+            cached=self.block_hashes if fresh else frozenset())
+
+
+def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> None:
+    """Take a GetStats reply: load, and the block-hash snapshot or delta."""
+    kind = stats.WhichOneof("block_hashes")
+    worker.kv_epoch, worker.kv_seq = stats.kv_epoch, stats.kv_seq
+    if kind == "snapshot":
+        worker.block_hashes = set(stats.snapshot.block_hashes)
+    elif kind == "delta" and stats.kv_epoch == worker.kv_epoch_seen:
+        worker.block_hashes.difference_update(stats.delta.removed)
+        worker.block_hashes.update(stats.delta.stored)
+    elif kind == "delta":  # a delta against an epoch we never saw: ask for a snapshot next
+        worker.block_hashes = set()
+        worker.kv_epoch = worker.kv_seq = 0
+    worker.kv_epoch_seen = stats.kv_epoch
+    worker.stats, worker.stats_at, worker.started_since_stats = stats, now, 0
+
+
+def read_workers_file(path: str) -> dict[str, list[str]]:
+    """{'decode': [...], 'prefill': [...]} from a YAML or JSON file."""
+    text = Path(path).read_text()
+    if path.endswith(".json"):
+        data = json.loads(text)
+    else:
+        import yaml
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with 'decode' and 'prefill' lists")
+    out = {}
+    for role in (DECODE, PREFILL):
+        items = data.get(role) or []
+        if not isinstance(items, list) or not all(isinstance(a, str) for a in items):
+            raise ValueError(f"{path}: '{role}' must be a list of host:port strings")
+        for a in items:
+            split_host_port(a)
+        out[role] = items
+    return out
+
+
+async def resolve(spec: str) -> list[str]:
+    """host:port → one 'ip:port' per IPv4 address of host (an IP literal is kept as is)."""
+    host, port = split_host_port(spec)
+    try:
+        ipaddress.ip_address(host)
+        return [spec]
+    except ValueError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    return sorted({f"{info[4][0]}:{port}" for info in infos})
+
+
+class WorkerPool:
+    """All workers by role; call `start()` in the running loop and `close()` at the end."""
+
+    def __init__(self, config: GatewayConfig, include_block_hashes: bool = True,
+                 on_worker_removed=None) -> None:
+        self.config = config
+        self._include_hashes = include_block_hashes
+        self._on_removed = on_worker_removed or (lambda address: None)
+        self.workers: dict[str, dict[str, Worker]] = {DECODE: {}, PREFILL: {}}
+        self._resolved: dict[str, list[str]] = {}
+        self._refresher: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="worker-refresh")
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [t for t in [self._refresher] if t]
+        for role in self.workers.values():
+            for w in role.values():
+                tasks.append(w.poller)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(w.channel.close() for r in self.workers.values()
+                               for w in r.values()), return_exceptions=True)
+
+    # ---- routing table -------------------------------------------------------------------
+    def views(self, role: str) -> list[WorkerView]:
+        now = time.monotonic()
+        stale = self.config.router.stale_after_s
+        return [w.view(now, stale) for w in self.workers[role].values()]
+
+    def get(self, role: str, address: str) -> Worker | None:
+        return self.workers[role].get(address)
+
+    def num_healthy(self, role: str) -> int:
+        return sum(w.healthy is True for w in self.workers[role].values())
+
+    def block_size(self) -> int | None:
+        """KV block size reported by any decode worker (None before the first stats)."""
+        for w in self.workers[DECODE].values():
+            if w.stats is not None and w.stats.kv_layout.block_size:
+                return w.stats.kv_layout.block_size
+        return None
+
+    def mark_failed(self, role: str, address: str, error: str) -> None:
+        w = self.workers[role].get(address)
+        if w is not None:
+            w.healthy, w.last_error = False, error
+
+    # ---- discovery -----------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Re-read the workers file, re-resolve names, add and remove workers."""
+        specs = {DECODE: list(self.config.decode), PREFILL: list(self.config.prefill)}
+        if self.config.workers_file:
+            try:
+                extra = read_workers_file(self.config.workers_file)
+                for role in specs:
+                    specs[role] += extra[role]
+            except (OSError, ValueError) as e:
+                logger.warning("workers file %s unreadable, keeping the last list: %s",
+                               self.config.workers_file, e)
+                return
+        for role, role_specs in specs.items():
+            wanted: list[str] = []
+            for spec in dict.fromkeys(role_specs):
+                try:
+                    self._resolved[spec] = await resolve(spec)
+                except OSError as e:  # keep the last answer through a DNS hiccup
+                    logger.warning("cannot resolve %s: %s", spec, e)
+                wanted += self._resolved.get(spec, [])
+            self._sync(role, list(dict.fromkeys(wanted)))
+
+    def _sync(self, role: str, addresses: list[str]) -> None:
+        current = self.workers[role]
+        for address in addresses:
+            if address not in current:
+                current[address] = self._connect(role, address)
+                logger.info("%s worker added: %s", role, address)
+        for address in [a for a in current if a not in addresses]:
+            w = current.pop(address)
+            logger.info("%s worker removed: %s", role, address)
+            self._on_removed(address)
+            if w.poller:
+                w.poller.cancel()
+            task = asyncio.create_task(self._close_when_idle(w))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def _connect(self, role: str, address: str) -> Worker:
+        channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        stub_cls = (decode_pb2_grpc.DecodeServiceStub if role == DECODE
+                    else prefill_pb2_grpc.PrefillServiceStub)
+        w = Worker(address, role, channel, stub_cls(channel), health_pb2_grpc.HealthStub(channel))
+        w.poller = asyncio.create_task(self._poll_loop(w), name=f"poll-{address}")
+        return w
+
+    async def _close_when_idle(self, w: Worker, limit_s: float = 600.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while w.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        await w.channel.close()
+
+    async def _refresh_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.config.dns_refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # never let discovery die
+                logger.exception("worker refresh failed")
+
+    # ---- polling -------------------------------------------------------------------------
+    async def _poll_loop(self, w: Worker) -> None:
+        while not self._closed:
+            await self.poll_once(w)
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    async def poll_once(self, w: Worker) -> None:
+        timeout = self.config.rpc_timeout_s
+        req = common_pb2.GetStatsRequest(include_block_hashes=self._include_hashes,
+                                         kv_epoch=w.kv_epoch, since_seq=w.kv_seq)
+        health, stats = await asyncio.gather(
+            w.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout),
+            w.stub.GetStats(req, timeout=timeout), return_exceptions=True)
+        if not isinstance(stats, BaseException):
+            old_epoch = w.kv_epoch_seen
+            apply_stats(w, stats, time.monotonic())
+            if old_epoch and stats.kv_epoch != old_epoch:
+                self._on_removed(w.address)  # restarted: its cache and our sent index are gone
+        # The health service decides; failed stats only go stale (the router then ignores
+        # them). Without a health service, answering GetStats is the proof of life.
+        if isinstance(health, grpc.aio.AioRpcError) and \
+                health.code() == grpc.StatusCode.UNIMPLEMENTED:
+            if isinstance(stats, BaseException):
+                self._poll_failed(w, f"GetStats: {_describe(stats)}")
+                return
+            serving = True
+        elif isinstance(health, BaseException):
+            self._poll_failed(w, f"health: {_describe(health)}")
+            return
+        else:
+            serving = health.status == health_pb2.HealthCheckResponse.SERVING
+        if w.healthy is not serving:
+            logger.info("%s worker %s is %s", w.role, w.address,
+                        "healthy" if serving else "not serving")
+        w.healthy = serving
+        w.last_error = "" if serving else "health: NOT_SERVING"
+
+    def _poll_failed(self, w: Worker, error: str) -> None:
+        if w.healthy is not False:
+            logger.warning("%s worker %s unhealthy: %s", w.role, w.address, error)
+        w.healthy, w.last_error = False, error
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name} {e.details() or ''}".strip()
+    return f"{type(e).__name__}: {e}"

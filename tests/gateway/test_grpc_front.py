@@ -1,0 +1,94 @@
+"""The gateway's gRPC front: same semantics as HTTP for gRPC clients."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.gateway.conftest import MODEL, Behavior
+
+
+@pytest.fixture
+async def stub(gateway):
+    async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
+        yield gateway_pb2_grpc.GatewayServiceStub(channel)
+
+
+async def collect(stub, request):
+    return [m async for m in stub.Generate(request, timeout=5)]
+
+
+async def test_text_prompt_streams_tokens_then_finished(stub, fake):
+    msgs = await collect(stub, gateway_pb2.GatewayGenerateRequest(
+        model=MODEL, text="Hello", session_id="s1",
+        sampling_params=common_pb2.SamplingParams(n=2, temperature=0, max_tokens=3)))
+    kinds = [m.WhichOneof("kind") for m in msgs]
+    assert kinds.count("tokens") == 6 and kinds.count("finished") == 2
+    text = "".join(m.tokens.text_delta for m in msgs if m.WhichOneof("kind") == "tokens"
+                   and m.tokens.index == 0)
+    assert text == "Hello world!"
+    req = fake.servicer.requests[-1]
+    assert req.session_id == "s1" and req.sampling_params.max_tokens == 3
+
+
+async def test_chat_and_token_prompts(stub, prompts, fake):
+    chat = gateway_pb2.ChatPrompt(messages=[
+        gateway_pb2.ChatMessage(role="user", content="Weather?"),
+        gateway_pb2.ChatMessage(role="assistant", tool_calls=[gateway_pb2.ChatToolCall(
+            id="c1", name="get_weather", arguments='{"city": "Paris"}')]),
+        gateway_pb2.ChatMessage(role="tool", tool_call_id="c1", content="sunny")],
+        tools=[gateway_pb2.ToolDefinition(name="get_weather", parameters_json="{}")])
+    await collect(stub, gateway_pb2.GatewayGenerateRequest(chat=chat))
+    ids = list(fake.servicer.requests[-1].prompt_token_ids)
+    assert prompts.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    # max_tokens unset: filled with the room left in the context
+    assert fake.servicer.requests[-1].sampling_params.max_tokens == 1024 - len(ids)
+    await collect(stub, gateway_pb2.GatewayGenerateRequest(
+        token_ids=gateway_pb2.TokenIds(ids=[4, 5, 6])))
+    assert list(fake.servicer.requests[-1].prompt_token_ids) == [4, 5, 6]
+
+
+@pytest.mark.parametrize("request_kwargs,code", [
+    (dict(model="other", text="x"), grpc.StatusCode.NOT_FOUND),
+    (dict(text=""), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(max_tokens=10_000)),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(temperature=-1)),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(chat=gateway_pb2.ChatPrompt()), grpc.StatusCode.INVALID_ARGUMENT),
+])
+async def test_bad_requests(stub, request_kwargs, code):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await collect(stub, gateway_pb2.GatewayGenerateRequest(**request_kwargs))
+    assert e.value.code() == code
+    assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4
+
+
+async def test_cancel_reaches_the_decode_worker(stub, fake):
+    fake.servicer.behavior = Behavior(tokens=tuple((i, "x") for i in range(500)),
+                                      token_delay_s=0.01)
+    call = stub.Generate(gateway_pb2.GatewayGenerateRequest(text="x"), timeout=5)
+    await call.read()
+    call.cancel()
+    for _ in range(100):
+        if fake.servicer.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.servicer.cancelled
+
+
+async def test_mid_stream_failure_is_finished_error(stub, fake):
+    fake.servicer.behavior = Behavior(fail_after=1)
+    msgs = await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x"))
+    last = msgs[-1].finished
+    assert last.finish_reason == common_pb2.FINISH_REASON_ERROR and "mid-stream" in last.error
+
+
+async def test_overload_maps_to_resource_exhausted(stub, fake):
+    fake.servicer.behavior = Behavior(reject=grpc.StatusCode.RESOURCE_EXHAUSTED)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x"))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

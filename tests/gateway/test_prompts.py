@@ -1,0 +1,129 @@
+"""Prompt rendering (message normalization, tools, case 16) and tool-call parsing."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from gateway.prompts import PromptBuilder, PromptError, normalize_message
+from gateway.tool_calls import ToolCallParser
+
+# A Qwen2.5-style template: tools in a system block, tool calls rendered with
+# `arguments | tojson` (expects a mapping), tool results as <tool_response>.
+QWEN_LIKE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}"
+    "{% endfor %}</tools><|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for tc in m.tool_calls %}<tool_call>\n{\"name\": \"{{ tc.function.name }}\", "
+    "\"arguments\": {{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+# SmolLM2's: plain ChatML that concatenates content (fails on None).
+SMOLLM_LIKE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+               "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+HISTORY = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "Weather "},
+                                 {"type": "text", "text": "in Paris?"}]},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def with_template(prompts: PromptBuilder, template: str) -> PromptBuilder:
+    tok = copy.copy(prompts.tokenizer)
+    tok.chat_template = template
+    return PromptBuilder(tok, prompts.max_model_len)
+
+
+def test_normalize_message():
+    m = normalize_message(HISTORY[2])
+    assert m["content"] == ""
+    assert m["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert normalize_message(HISTORY[1])["content"] == "Weather in Paris?"
+    odd = normalize_message({"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "f", "arguments": "not json"}}]})
+    assert odd["tool_calls"][0]["function"]["arguments"] == "not json"
+    with pytest.raises(PromptError):
+        normalize_message({"role": "user", "content": [{"type": "image_url"}]})
+
+
+def test_tool_history_renders_through_a_qwen_style_template(prompts):
+    """Case 16: arguments arrive as JSON text, content as null; the template wants a mapping."""
+    p = with_template(prompts, QWEN_LIKE)
+    text = p.tokenizer.decode(p.chat_token_ids(HISTORY, TOOLS))
+    assert '"arguments": {"city": "Paris"}' in text
+    assert "<tools>" in text and "get_weather" in text
+    assert "<tool_response>\n18 C\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant")
+
+
+def test_null_content_renders_through_a_smollm_style_template(prompts):
+    p = with_template(prompts, SMOLLM_LIKE)
+    text = p.tokenizer.decode(p.chat_token_ids(HISTORY, TOOLS))  # tools ignored: fine
+    assert "<|im_start|>assistant\n<|im_end|>" in text
+    assert "Weather in Paris?" in text
+
+
+def test_turns_extend_each_other(prompts):
+    """Turn k's rendered prompt is a prefix of turn k+1's (what makes prefix caching hit)."""
+    short = prompts.chat_token_ids(HISTORY[:2], add_generation_prompt=False)
+    longer = prompts.chat_token_ids(HISTORY, add_generation_prompt=True)
+    assert longer[:len(short)] == short
+
+
+def test_template_errors_are_prompt_errors(prompts):
+    p = with_template(prompts, "{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(PromptError, match="roles must alternate"):
+        p.chat_token_ids([{"role": "user", "content": "x"}])
+    with pytest.raises(PromptError):
+        prompts.chat_token_ids([])
+    with pytest.raises(PromptError):
+        prompts.text_token_ids("")
+    with pytest.raises(PromptError):
+        prompts.check_token_ids([-1])
+
+
+def feed_all(pieces: list[str]) -> tuple[str, list]:
+    parser = ToolCallParser()
+    out, calls = [], []
+    for piece in pieces:
+        text, new = parser.feed(piece)
+        out.append(text)
+        calls += new
+    text, new = parser.finish()
+    return "".join(out) + text, calls + new
+
+
+def test_tool_call_parser_pieces_and_holdback():
+    body = '{"name": "f", "arguments": {"x": 1}}'
+    whole = f"Sure.<tool_call>\n{body}\n</tool_call>"
+    for cut in range(len(whole) + 1):  # every split point gives the same result
+        text, calls = feed_all([whole[:cut], whole[cut:]])
+        assert text == "Sure." and [c.name for c in calls] == ["f"]
+        assert json.loads(calls[0].arguments) == {"x": 1}
+    parser = ToolCallParser()
+    assert parser.feed("a <tool") == ("a ", [])  # held back: may open a call
+    assert parser.feed("box>") == ("<toolbox>", [])
+
+
+def test_tool_call_parser_edge_cases():
+    text, calls = feed_all(["<tool_call>not json</tool_call> after"])
+    assert text == "<tool_call>not json</tool_call> after" and not calls
+    text, calls = feed_all(['<tool_call>{"name": "g", "arguments": "{}"}'])  # no closing tag
+    assert text == "" and calls[0].arguments == "{}"
+    text, calls = feed_all(["<tool_call>{\"name\": "])  # cut off and unparseable
+    assert text == '<tool_call>{"name": ' and not calls
+    text, calls = feed_all(["plain text <tool"])
+    assert text == "plain text <tool" and not calls
