@@ -1,0 +1,218 @@
+"""`baton bench`: replay agent traffic against a gateway (or a local cluster it starts).
+
+    baton bench --quick                              local cluster, small synthetic run (< 3 min)
+    baton bench --url http://127.0.0.1:8000 --workload tau-bench --concurrency 1,2,4
+    baton bench --workload mooncake --mode open --block-tokens 16 --time-scale 0.02
+    baton bench compare [workload flags]             see compare.py
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import secrets
+import sys
+from pathlib import Path
+
+from baton.bench import loaders
+from baton.bench.local import ServerSpec, ServerStartError, cluster_available, running_server
+from baton.bench.metrics import Slo, Summary, summarize
+from baton.bench.prepare import Preparer
+from baton.bench.report import (
+    default_output_dir,
+    machine,
+    plot_cdfs,
+    plot_tradeoff,
+    print_summary,
+    write_json,
+    write_records,
+)
+from baton.bench.runner import RunConfig, RunResult, run_workload
+from baton.bench.synthetic import SyntheticConfig, generate
+from baton.bench.tokens import TokenCounter
+from baton.bench.workload import Scaling, Session, describe
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+DEFAULT_TRACE = {
+    "tau-bench": "tau_bench/gpt-4o-airline.json.gz",
+    "swe-agent": "swe_agent_trajectories",
+    "mooncake": "mooncake_fast25/conversation_trace.jsonl.gz",
+}
+WORKLOADS = ("tau-bench", "swe-agent", "mooncake", "agentx", "synthetic")
+QUICK = dict(workload="synthetic", concurrency="2", duration=50.0, warmup=5.0, grace=5.0,
+             synthetic_sessions=24, max_turns=5, max_output_tokens=16, block_tokens=16,
+             time_scale=0.25, max_context_tokens=2048)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=WORKLOADS, default="tau-bench")
+    g.add_argument("--trace", type=Path, help="trace file or folder (default: the shared copy)")
+    g.add_argument("--model", default="smollm2-135m", help="served model (and its tokenizer)")
+    g.add_argument("--tokenizer", help="tokenizer folder or model name; 'none' = chars/4")
+    g.add_argument("--max-sessions", type=int)
+    g.add_argument("--max-turns", type=int)
+    g.add_argument("--max-context-tokens", type=int, default=None)
+    g.add_argument("--max-output-tokens", type=int, default=None)
+    g.add_argument("--block-tokens", type=int, help="tokens per hash id (block traces)")
+    g.add_argument("--time-scale", type=float, default=1.0, help="multiplies think/tool times")
+    g.add_argument("--max-think-time", type=float, default=10.0, help="cap per gap, seconds")
+    g.add_argument("--think-time", type=float, default=1.0,
+                   help="gap between turns of text traces without recorded times, seconds")
+    g.add_argument("--synthetic-sessions", type=int, default=32)
+    g.add_argument("--prompt-format", choices=("tokens", "text"), default="tokens",
+                   help="block traces: token-id prompts or text from a word list")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--mode", choices=("closed", "open"), default="closed")
+    g.add_argument("--concurrency", default="4", help="live sessions; a sweep: 1,2,4")
+    g.add_argument("--duration", type=float, default=120.0, help="seconds per run, warm-up incl.")
+    g.add_argument("--warmup", type=float, default=10.0, help="seconds excluded at the start")
+    g.add_argument("--grace", type=float, default=10.0, help="seconds to drain at the end")
+    g.add_argument("--session-rate", type=float, default=0.5, help="open loop, sessions/s")
+    g.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
+    g.add_argument("--slo-itl", type=float, default=0.2, help="seconds (per-request mean ITL)")
+    g.add_argument("--output", type=Path, help="default: bench-results/<timestamp>/")
+    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def counter_for(args) -> TokenCounter:
+    name = args.tokenizer or args.model
+    return TokenCounter(None) if name == "none" else TokenCounter.for_model(name)
+
+
+def load_workload(args, counter: TokenCounter) -> list[Session]:
+    scaling = Scaling(block_tokens=args.block_tokens, max_context_tokens=args.max_context_tokens,
+                      max_output_tokens=args.max_output_tokens, time_scale=args.time_scale,
+                      max_think_s=args.max_think_time, max_sessions=args.max_sessions,
+                      max_turns=args.max_turns)
+    if args.workload == "synthetic":
+        return generate(SyntheticConfig(sessions=args.synthetic_sessions, seed=args.seed), scaling)
+    if args.workload == "agentx" and args.trace is None:
+        raise SystemExit("--workload agentx needs --trace FILE_OR_DIR (WEKA/AgentX JSON)")
+    path = args.trace or TRACES / DEFAULT_TRACE[args.workload]
+    if args.workload == "tau-bench":
+        return loaders.load_tau_bench(path, counter, scaling, args.think_time)
+    if args.workload == "swe-agent":
+        return loaders.load_swe_agent(path, counter, scaling, args.think_time)
+    if args.workload == "mooncake":
+        return loaders.load_mooncake(path, scaling)
+    return loaders.load_agentx(path, scaling)
+
+
+def run_levels(url: str, args, sessions: list[Session], counter: TokenCounter,
+               levels: list[int], salt: str) -> list[tuple[int, RunResult, Summary]]:
+    """One run per concurrency level against `url`, each with its own cache-bust salt."""
+    out = []
+    for c in levels:
+        cfg = RunConfig(url=url, model=args.model, mode=args.mode, concurrency=c,
+                        duration_s=args.duration, warmup_s=args.warmup, grace_s=args.grace,
+                        session_rate=args.session_rate, progress=not args.no_progress,
+                        seed=args.seed)
+        preparer = Preparer(counter, f"{salt}-c{c}", args.prompt_format, args.max_context_tokens)
+        result = asyncio.run(run_workload(cfg, sessions, preparer))
+        out.append((c, result, summarize(result.records, result.warmup_s, result.end_s,
+                                         Slo(args.slo_ttft, args.slo_itl))))
+    return out
+
+
+def cluster_spec(args) -> ServerSpec:
+    return ServerSpec(name=f"baton-{args.cluster_mode}-{args.routing}", mode=args.cluster_mode,
+                      routing=args.routing, num_decode=args.num_decode,
+                      num_prefill=args.num_prefill)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baton bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="a running gateway; without it a local cluster is started")
+    p.add_argument("--quick", action="store_true", help="small local run, under 3 minutes")
+    g = p.add_argument_group("local cluster (without --url)")
+    g.add_argument("--cluster-mode", choices=("disaggregated", "colocated"),
+                   default="disaggregated")
+    g.add_argument("--routing", choices=("session", "kv", "round-robin"), default="session")
+    g.add_argument("--num-decode", type=int, default=1)
+    g.add_argument("--num-prefill", type=int, default=1)
+    g.add_argument("--startup-timeout", type=float, default=600.0)
+    add_workload_args(p)
+    add_run_args(p)
+    return p
+
+
+def parse_levels(text: str) -> list[int]:
+    levels = [int(x) for x in str(text).split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"--concurrency needs positive integers, got {text!r}")
+    return levels
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "compare":
+        from baton.bench.compare import main as compare_main
+        return compare_main(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
+    levels = parse_levels(args.concurrency)
+    out = args.output or default_output_dir()
+    counter = counter_for(args)
+    sessions = load_workload(args, counter)
+    if not sessions:
+        raise SystemExit("the workload is empty after scaling (raise --max-context-tokens?)")
+    info = describe(args.workload, sessions)
+    print(f"[bench] {info.name}: {info.sessions} sessions, {info.requests} requests "
+          f"({'chars/4 estimate' if counter.approximate else 'model tokenizer'})", flush=True)
+    salt = secrets.token_hex(4)
+    target = {"url": args.url, "model": args.model, "server": None}
+    start = machine()
+    if args.url:
+        results = run_levels(args.url.rstrip("/"), args, sessions, counter, levels, salt)
+    else:
+        if not cluster_available():
+            raise SystemExit("no --url and baton/cluster.py is missing: start a gateway first")
+        spec = cluster_spec(args)
+        target["server"] = spec.describe()
+        try:
+            with running_server(spec, args.model, out / "server.log",
+                                args.startup_timeout) as url:
+                target["url"] = url
+                results = run_levels(url, args, sessions, counter, levels, salt)
+        except ServerStartError as exc:
+            print(f"[bench] {exc}", file=sys.stderr)
+            return 1
+    write_outputs(out, args, argv, target, info, results, start)
+    return 0
+
+
+def write_outputs(out: Path, args, argv: list[str], target: dict, info, results,
+                  start: dict) -> None:
+    labels = [f"c={c}" for c, _, _ in results]
+    report = {
+        "version": 1, "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "baton bench " + " ".join(argv), "machine": machine(start),
+        "target": target,
+        "workload": {**vars(info), "args": {k: str(v) for k, v in vars(args).items()}},
+        "slo": {"ttft_s": args.slo_ttft, "itl_s": args.slo_itl},
+        "levels": [{"concurrency": c, "sessions_started": r.sessions_started,
+                    "sessions_finished": r.sessions_finished, "summary": s.to_dict()}
+                   for c, r, s in results],
+    }
+    write_json(out / "report.json", report)
+    for c, r, _ in results:
+        write_records(out / f"requests-c{c}.jsonl", r.records)
+    if not args.no_plots:
+        plot_cdfs(out / "latency_cdf.png", {lab: r.records for lab, (_, r, _) in
+                                            zip(labels, results)}, args.warmup)
+    if len(results) > 1 and not args.no_plots:
+        plot_tradeoff(out / "throughput_vs_interactivity.png",
+                      {lab: s for lab, (_, _, s) in zip(labels, results)})
+    print_summary(labels, [s for _, _, s in results],
+                  f"baton bench: {info.name}, {args.mode} loop, {args.duration:g} s per level")
+    print(f"[bench] wrote {out}/report.json")

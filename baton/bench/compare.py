@@ -1,0 +1,201 @@
+"""`baton bench compare`: the same workload on several configurations, one table with ratios.
+
+Each configuration is started in turn (a local cluster via `baton up`, or the transformers
+baseline), replayed with the same sessions and seed at the first `--concurrency` level, and
+stopped. Configurations and the reference each is compared with:
+
+    disaggregated   1 prefill + 1 decode worker, session routing      vs colocated
+    colocated       one worker doing both, with both cores (2 threads)  (reference)
+    session         disaggregated, 2 decode workers, session routing   vs round-robin
+    kv              disaggregated, 2 decode workers, KV-overlap routing vs round-robin
+    round-robin     disaggregated, 2 decode workers, round-robin        (reference)
+    hf              plain transformers, one request at a time, on a short slice
+                    (`--baseline-sessions`, `--baseline-duration`); the first Baton
+                    configuration is rerun on the same slice as "baton-slice", vs hf.
+
+Ratios are improvement factors (> 1 = better than the reference): reference / value for
+latencies, value / reference for throughput. `--urls name=URL,...` compares servers that are
+already running instead of starting them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from baton.bench.cli import add_run_args, add_workload_args, counter_for, load_workload
+from baton.bench.client import RequestRecord
+from baton.bench.local import ServerSpec, ServerStartError, running_server
+from baton.bench.metrics import Slo, Summary, summarize
+from baton.bench.prepare import Preparer
+from baton.bench.report import (
+    _fmt,
+    console,
+    default_output_dir,
+    machine,
+    plot_cdfs,
+    print_summary,
+    write_json,
+    write_records,
+)
+from baton.bench.runner import RunConfig, run_workload
+from baton.bench.workload import Session, describe
+
+_D, _C = "disaggregated", "colocated"
+CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
+    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session"), "colocated"),
+    "colocated": (ServerSpec("colocated", mode=_C, routing="session",
+                             extra_args=("--threads", "2")), None),
+    "session": (ServerSpec("session", mode=_D, routing="session", num_decode=2), "round-robin"),
+    "kv": (ServerSpec("kv", mode=_D, routing="kv", num_decode=2), "round-robin"),
+    "round-robin": (ServerSpec("round-robin", mode=_D, routing="round-robin", num_decode=2), None),
+    "hf": (ServerSpec("hf", kind="hf"), None),
+}
+SLICE = "baton-slice"
+
+
+@dataclass
+class Row:
+    name: str
+    reference: str | None
+    summary: Summary
+    records: list[RequestRecord]
+    server: dict | None
+
+
+def _run(url: str, args, sessions: list[Session], counter, salt: str, duration: float,
+         warmup: float) -> tuple:
+    cfg = RunConfig(url=url, model=args.model, mode=args.mode,
+                    concurrency=int(str(args.concurrency).split(",")[0]), duration_s=duration,
+                    warmup_s=min(warmup, duration / 2), grace_s=args.grace,
+                    session_rate=args.session_rate, progress=not args.no_progress,
+                    seed=args.seed)
+    preparer = Preparer(counter, salt, args.prompt_format, args.max_context_tokens)
+    result = asyncio.run(run_workload(cfg, sessions, preparer))
+    return result.records, summarize(result.records, cfg.warmup_s, result.end_s,
+                                     Slo(args.slo_ttft, args.slo_itl))
+
+
+def ratio_cells(row: Row, rows: dict[str, Row]) -> list[str]:
+    """p90 TTFT ×, p99 ITL ×, output tokens/s × against the row's reference."""
+    ref = rows.get(row.reference) if row.reference else None
+    if ref is None:
+        return ["", "-", "-", "-"]
+    s, r = row.summary, ref.summary
+
+    def better(ours, theirs, lower_is_better=True):
+        if not ours or not theirs:
+            return "-"
+        return f"{(theirs / ours) if lower_is_better else (ours / theirs):.2f}×"
+
+    return [ref.name, better(s.ttft.p90, r.ttft.p90), better(s.itl.p99, r.itl.p99),
+            better(s.output_tokens_per_s, r.output_tokens_per_s, lower_is_better=False)]
+
+
+def print_table(rows: dict[str, Row], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, caption="× = improvement over the reference (> 1 is better)")
+    for col in ("config", "TTFT p90 ms", "ITL p99 ms", "TPOT p50 ms", "out tok/s", "req/s",
+                "prefix hit", "errors", "vs", "p90 TTFT ×", "p99 ITL ×", "tok/s ×"):
+        table.add_column(col, justify="left" if col in ("config", "vs") else "right")
+    for row in rows.values():
+        s = row.summary
+        table.add_row(row.name, _fmt(s.ttft.p90, 1e3, 0), _fmt(s.itl.p99, 1e3, 0),
+                      _fmt(s.tpot.p50, 1e3, 0), _fmt(s.output_tokens_per_s),
+                      _fmt(s.requests_per_s, digits=2), _fmt(s.prefix_hit_actual, 100, 1, "%"),
+                      str(s.errors), *ratio_cells(row, rows))
+    console().print(table)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baton bench compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="disaggregated,colocated,session,kv,round-robin,hf",
+                   help=f"comma list of {','.join(CONFIGS)}")
+    p.add_argument("--urls", help="name=URL,... of running servers (nothing is started)")
+    p.add_argument("--baseline-sessions", type=int, default=4)
+    p.add_argument("--baseline-duration", type=float, default=120.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    add_workload_args(p)
+    add_run_args(p)
+    return p
+
+
+def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
+    """(name, spec to start or None, url or None) for every configuration, in order."""
+    if args.urls:
+        pairs = [item.split("=", 1) for item in args.urls.split(",") if item]
+        return [(name, None, url.rstrip("/")) for name, url in pairs]
+    names = [n for n in args.configs.split(",") if n]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    return [(n, CONFIGS[n][0], None) for n in names]
+
+
+def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tuple[dict, dict]:
+    """Run every target in turn; rows by name, and the configurations that failed to start."""
+    slice_sessions = sessions[: args.baseline_sessions]
+    need_slice = any(name == "hf" for name, _, _ in targets)
+    rows: dict[str, Row] = {}
+    failed: dict[str, str] = {}
+    salt = secrets.token_hex(4)
+    for name, spec, url in targets:
+        is_hf = name == "hf"
+        # the slice has no warm-up: a baseline without a prefix cache has nothing to warm
+        work, duration, warmup = (slice_sessions, args.baseline_duration, 0.0) if is_hf else \
+            (sessions, args.duration, args.warmup)
+        ref = CONFIGS[name][1] if name in CONFIGS else None
+        try:
+            with (running_server(spec, args.model, out / f"server-{name}.log",
+                                 args.startup_timeout)
+                  if spec else contextlib.nullcontext(url)) as base:
+                print(f"[compare] {name} at {base}", flush=True)
+                records, summary = _run(base, args, work, counter, f"{salt}-{name}", duration,
+                                        warmup)
+                rows[name] = Row(name, ref, summary, records, spec.describe() if spec else None)
+                if need_slice and not is_hf and SLICE not in rows:
+                    records, summary = _run(base, args, slice_sessions, counter,
+                                            f"{salt}-slice", args.baseline_duration, 0.0)
+                    rows[SLICE] = Row(f"{SLICE} ({name})", "hf", summary, records, None)
+        except ServerStartError as exc:
+            print(f"[compare] {name} failed to start: {exc}", flush=True)
+            failed[name] = str(exc)
+    order = [n for n, _, _ in targets if n != "hf"] + [SLICE, "hf"]
+    return {k: rows[k] for k in order if k in rows}, failed
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    out = args.output or default_output_dir()
+    counter = counter_for(args)
+    sessions = load_workload(args, counter)
+    start = machine()
+    rows, failed = _measure(args, _targets(args), sessions, counter, out)
+    info = describe(args.workload, sessions)
+    write_json(out / "report.json", {
+        "version": 1, "kind": "compare", "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "baton bench compare " + " ".join(argv), "machine": machine(start),
+        "workload": vars(info), "args": {k: str(v) for k, v in vars(args).items()},
+        "failed": failed,
+        "rows": [{"name": r.name, "reference": r.reference, "server": r.server,
+                  "ratios": dict(zip(("vs", "p90_ttft_x", "p99_itl_x", "tok_s_x"),
+                                     ratio_cells(r, rows))),
+                  "summary": r.summary.to_dict()} for r in rows.values()]})
+    for key, r in rows.items():
+        write_records(out / f"requests-{key}.jsonl", r.records)
+    if not args.no_plots and rows:
+        plot_cdfs(out / "latency_cdf.png", {r.name: r.records for r in rows.values()
+                                            if r.reference != "hf" and r.name != "hf"},
+                  args.warmup)
+    print_summary([r.name for r in rows.values()], [r.summary for r in rows.values()],
+                  f"baton bench compare: {info.name}")
+    print_table(rows, f"baton bench compare: {info.name}, {args.mode} loop")
+    print(f"[compare] wrote {out}/report.json")
+    return 0 if not failed else 1
+

@@ -1,0 +1,120 @@
+"""Start a server for a benchmark run and stop it after: a local Baton cluster (`baton up`,
+as its own process group) or the plain transformers baseline (`hf_baseline.py`).
+
+Readiness = `GET /health` answers 200 and one tiny streamed chat request completes.
+Stopping = SIGINT to the process group (graceful: `baton up` stops its workers, which run in
+their own groups and die with it), then SIGTERM, then SIGKILL.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """A configuration to start. kind: "baton" (baton up) or "hf" (transformers baseline)."""
+
+    name: str
+    kind: str = "baton"
+    mode: str = "disaggregated"
+    routing: str = "session"
+    num_decode: int = 1
+    num_prefill: int = 1
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self, model: str, port: int, log_dir: Path | None = None) -> list[str]:
+        if self.kind == "hf":
+            return [sys.executable, "-m", "baton.bench.hf_baseline", "--model", model,
+                    "--port", str(port), *self.extra_args]
+        args = [sys.executable, "-m", "baton.cli", "up", "--model", model, "--port", str(port),
+                "--mode", self.mode, "--routing", self.routing,
+                "--num-decode", str(self.num_decode)]
+        if self.mode == "disaggregated":
+            args += ["--num-prefill", str(self.num_prefill)]
+        if log_dir is not None:
+            args += ["--log-dir", str(log_dir)]
+        return args + list(self.extra_args)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "mode": self.mode, "routing": self.routing,
+                "num_decode": self.num_decode, "num_prefill": self.num_prefill,
+                "extra_args": list(self.extra_args)}
+
+
+def cluster_available() -> bool:
+    """True once `baton/cluster.py` (the `baton up` launcher) exists."""
+    return (Path(__file__).resolve().parent.parent / "cluster.py").is_file()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def _probe(url: str, model: str) -> bool:
+    try:
+        if httpx.get(f"{url}/health", timeout=5).status_code != 200:
+            return False
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+            if r.status_code != 200:
+                return False
+            return any(line.startswith("data:") for line in r.iter_lines())
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def running_server(spec: ServerSpec, model: str, log_path: Path, timeout_s: float = 600.0):
+    """Start `spec`, yield its base URL when it answers, stop the whole process group after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = spec.argv(model, port, log_path.parent / f"{log_path.stem}-logs")
+    print(f"[bench] starting {spec.name}: {' '.join(argv[1:])} (log: {log_path})", flush=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not _probe(url, model):
+                if proc.poll() is not None:
+                    raise ServerStartError(f"{spec.name} exited with {proc.returncode}; "
+                                           f"see {log_path}")
+                if time.monotonic() > deadline:
+                    raise ServerStartError(f"{spec.name} not ready in {timeout_s:.0f} s; "
+                                           f"see {log_path}")
+                time.sleep(1.0)
+            yield url
+        finally:
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGINT, SIGTERM, SIGKILL to the process group we started (by its id), in turn."""
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+    # Children that outlive the leader still belong to its group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,160 @@
+"""report.json, per-request JSONL, PNG plots and the printed tables."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+from baton.bench.client import RequestRecord
+from baton.bench.metrics import Summary
+
+REPORT_VERSION = 1
+
+
+def default_output_dir() -> Path:
+    return Path("bench-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def machine(start: dict | None = None) -> dict:
+    """Where the numbers come from. The load average (1, 5, 15 min) at the start and at the end
+    shows whether the machine was shared; the benchmarked server itself adds its workers."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    if start is not None:
+        return {**start, "loadavg_end": load}
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "loadavg_start": load}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_records(path: Path, records: list[RequestRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            row = asdict(r)
+            row["chunk_times"] = [round(t, 5) for t in r.chunk_times]
+            f.write(json.dumps(row) + "\n")
+
+
+def _fmt(value, scale: float = 1.0, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value * scale:.{digits}f}{suffix}"
+
+
+def _pct(value) -> str:
+    return _fmt(value, 100.0, 1, "%")
+
+
+METRIC_ROWS = [
+    ("requests (measured)", lambda s: str(s.measured)),
+    ("errors / cancelled", lambda s: f"{s.errors} / {s.cancelled}"),
+    ("requests/s", lambda s: _fmt(s.requests_per_s, digits=2)),
+    ("input tokens/s", lambda s: _fmt(s.input_tokens_per_s)),
+    ("output tokens/s", lambda s: _fmt(s.output_tokens_per_s)),
+    ("TTFT p50/p90/p99 ms", lambda s: "/".join(_fmt(v, 1e3, 0) for v in
+                                                (s.ttft.p50, s.ttft.p90, s.ttft.p99))),
+    ("TPOT p50/p90/p99 ms", lambda s: "/".join(_fmt(v, 1e3, 0) for v in
+                                                (s.tpot.p50, s.tpot.p90, s.tpot.p99))),
+    ("ITL p50/p90/p99 ms", lambda s: "/".join(_fmt(v, 1e3, 0) for v in
+                                               (s.itl.p50, s.itl.p90, s.itl.p99))),
+    ("E2E p50/p90/p99 s", lambda s: "/".join(_fmt(v, 1, 2) for v in
+                                              (s.e2e.p50, s.e2e.p90, s.e2e.p99))),
+    ("p90 interactivity tok/s/user", lambda s: _fmt(s.p90_interactivity)),
+    ("goodput req/s (SLO met)", lambda s: f"{_fmt(s.goodput_per_s, digits=2)} "
+                                          f"({_pct(s.slo_attainment)})"),
+    ("prefix hit actual", lambda s: _pct(s.prefix_hit_actual)),
+    ("prefix hit theoretical (session)", lambda s: _pct(s.prefix_hit_theoretical)),
+    ("prefix hit theoretical (global)", lambda s: _pct(s.prefix_hit_global)),
+    ("actual / theoretical", lambda s: _pct(s.hit_ratio)),
+]
+
+
+def console():
+    """A rich console; wide when not a terminal, so logged tables stay readable."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def print_summary(labels: list[str], summaries: list[Summary], title: str) -> None:
+    """One column per run (concurrency level or configuration), one row per metric."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for label in labels:
+        table.add_column(label, justify="right")
+    for name, fmt in METRIC_ROWS:
+        table.add_row(name, *(fmt(s) for s in summaries))
+    console().print(table)
+
+
+def _cdf(ax, values: list[float], label: str) -> None:
+    import numpy as np
+
+    if not values:
+        return
+    x = np.sort(np.asarray(values))
+    y = np.arange(1, len(x) + 1) / len(x)
+    ax.plot(x, y, label=label)
+
+
+def plot_cdfs(path: Path, runs: dict[str, list[RequestRecord]], warmup_s: float) -> None:
+    """Latency CDFs (TTFT, TPOT, ITL, E2E), one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [("TTFT (ms)", lambda r: [r.ttft * 1e3]), ("TPOT (ms)",
+              lambda r: [r.tpot * 1e3] if r.tpot is not None else []),
+              ("ITL (ms)", lambda r: [x * 1e3 for x in r.itls()]), ("E2E (s)", lambda r: [r.e2e])]
+    for ax, (name, get) in zip(axes.flat, panels):
+        for label, records in runs.items():
+            ok = [r for r in records if r.ok and r.start >= warmup_s]
+            _cdf(ax, [v for r in ok for v in get(r)], label)
+        ax.set_xlabel(name)
+        ax.set_ylabel("fraction of requests" if name != "ITL (ms)" else "fraction of gaps")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_tradeoff(path: Path, points: dict[str, Summary]) -> None:
+    """Output throughput vs p90 interactivity, one point per concurrency level (or config)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    xs, ys = [], []
+    for label, s in points.items():
+        if s.p90_interactivity is None:
+            continue
+        xs.append(s.p90_interactivity)
+        ys.append(s.output_tokens_per_s)
+        ax.annotate(label, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4))
+    ax.plot(xs, ys, "o-")
+    ax.set_xlabel("p90 interactivity (tokens/s/user)")
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

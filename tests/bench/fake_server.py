@@ -1,0 +1,145 @@
+"""A small fake OpenAI-compatible streaming server for the benchmark's tests.
+
+Serves `/v1/chat/completions` and `/v1/completions` (stream only) and `/health`. Prompts are
+"tokenized" as 4-character pieces (chat: ChatML rendering), as words (completion text) or taken
+as given token ids. A simulated prefix cache reports `cached_tokens` = the longest prefix shared
+with any earlier prompt, in 16-token blocks, capped at len - 1. Every request is logged with its
+arrival/finish times and `X-Session-ID`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from baton.bench.tokens import _piece_ids
+
+BLOCK = 16
+
+
+@dataclass
+class Logged:
+    path: str
+    session_id: str | None
+    body: dict
+    prompt: list[int]
+    arrived: float
+    finished: float | None = None
+    cached: int = 0
+
+
+@dataclass
+class FakeServer:
+    ttft_s: float = 0.01
+    token_s: float = 0.002
+    fail_every: int = 0                  # every Nth request answers HTTP 500
+    max_len: int = 0                     # longer prompts get a context-length 400
+    log: list[Logged] = field(default_factory=list)
+    _prompts: list[list[int]] = field(default_factory=list)
+
+    def tokens(self, body: dict, chat: bool) -> list[int]:
+        if chat:
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+                           for m in body["messages"]) + "<|im_start|>assistant\n"
+            return _piece_ids(text)
+        prompt = body["prompt"]
+        if isinstance(prompt, list):
+            return list(prompt)
+        return [zlib.crc32(w.encode()) for w in prompt.split()]  # a word-level tokenizer
+
+    def cached(self, prompt: list[int]) -> int:
+        best = 0
+        for q in self._prompts:
+            n = 0
+            for a, b in zip(prompt, q):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        self._prompts.append(prompt)
+        return min(best // BLOCK * BLOCK, max(len(prompt) - 1, 0))
+
+    async def stream(self, entry: Logged, chat: bool):
+        n = int(entry.body.get("max_tokens") or 16)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        if chat:  # a role-only chunk first, as real servers send: not a token
+            yield _sse({"object": obj, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        await asyncio.sleep(self.ttft_s)
+        for i in range(n):
+            if i:
+                await asyncio.sleep(self.token_s)
+            choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else \
+                {"index": 0, "text": f" t{i}"}
+            yield _sse({"object": obj, "choices": [choice]})
+        entry.finished = time.perf_counter()
+        yield _sse({"object": obj, "choices": [], "usage": {
+            "prompt_tokens": len(entry.prompt), "completion_tokens": n,
+            "total_tokens": len(entry.prompt) + n,
+            "prompt_tokens_details": {"cached_tokens": entry.cached}}})
+        yield "data: [DONE]\n\n"
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
+
+        async def handle(request: Request, chat: bool):
+            body = await request.json()
+            prompt = self.tokens(body, chat)
+            entry = Logged(request.url.path, request.headers.get("x-session-id"), body, prompt,
+                           time.perf_counter())
+            self.log.append(entry)
+            if self.fail_every and len(self.log) % self.fail_every == 0:
+                return JSONResponse({"error": {"message": "injected failure"}}, 500)
+            if self.max_len and len(prompt) > self.max_len:
+                msg = f"This model's maximum context length is {self.max_len} tokens"
+                return JSONResponse({"error": {"message": msg}}, 400)
+            entry.cached = self.cached(prompt)
+            return StreamingResponse(self.stream(entry, chat), media_type="text/event-stream")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            return await handle(request, True)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await handle(request, False)
+
+        return app
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+class ServerThread:
+    """Run a FastAPI app with uvicorn on 127.0.0.1:0 in a background thread."""
+
+    def __init__(self, app: FastAPI):
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,59 @@
+"""Starting and stopping servers for a run (process groups, readiness, failures)."""
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from baton.bench.local import ServerSpec, ServerStartError, running_server, stop_group
+
+
+def test_spec_argv():
+    spec = ServerSpec("kv", mode="disaggregated", routing="kv", num_decode=2)
+    argv = spec.argv("smollm2-135m", 8123)
+    assert argv[1:4] == ["-m", "baton.cli", "up"]
+    assert argv[argv.index("--routing") + 1] == "kv"
+    assert argv[argv.index("--num-decode") + 1] == "2"
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert "--num-prefill" not in ServerSpec("c", mode="colocated").argv("m", 1)
+    hf = ServerSpec("hf", kind="hf").argv("m", 9)
+    assert hf[1:3] == ["-m", "baton.bench.hf_baseline"]
+
+
+def test_stop_group_kills_leader_and_children(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    code = ("import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    stop_group(proc, grace_s=2.0)
+    assert proc.poll() is not None
+    deadline = time.monotonic() + 5
+    while _alive(child):  # a killed orphan may linger as a zombie until init reaps it
+        assert time.monotonic() < deadline, "the worker's child survived"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass(frozen=True)
+class _Exits(ServerSpec):
+    def argv(self, model, port, log_dir=None):
+        return [sys.executable, "-c", "raise SystemExit(3)"]
+
+
+def test_server_that_exits_is_an_error(tmp_path):
+    with pytest.raises(ServerStartError, match="exited with 3"):
+        with running_server(_Exits("broken"), "m", tmp_path / "log", timeout_s=20):
+            pass
