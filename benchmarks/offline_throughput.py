@@ -140,21 +140,24 @@ def main() -> None:
           f"tokens each, {args.threads} threads, model {args.model}")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        rows = {"baton": run_baton(args.model, dtype_name, prompts, args.output_len)}
-        rows["transformers padded generate"] = run_hf_padded(folder, dtype, prompts,
-                                                             args.output_len,
-                                                             args.hf_batch_size)
+        print(f"\n[{dtype_name}] output tokens/s", flush=True)
+        runs = {"baton": lambda: run_baton(args.model, dtype_name, prompts, args.output_len),
+                "transformers padded generate": lambda: run_hf_padded(
+                    folder, dtype, prompts, args.output_len, args.hf_batch_size)}
         if not args.skip_hf_continuous:
+            runs["transformers generate_batch"] = lambda: run_hf_continuous(
+                folder, dtype, prompts, args.output_len)
+        rows = {}
+        for name, run in runs.items():
             try:
-                rows["transformers generate_batch"] = run_hf_continuous(folder, dtype, prompts,
-                                                                        args.output_len)
+                rows[name] = run()
             except Exception as exc:  # noqa: BLE001 - report and carry on
-                print(f"  transformers generate_batch failed here: {exc!r:.200}")
-        best = max(v for k, v in rows.items() if k != "baton")
-        print(f"\n[{dtype_name}] output tokens/s")
-        for name, tps in rows.items():
-            print(f"  {name:32s} {tps:9.1f}")
-        print(f"  baton / best transformers      {rows['baton'] / best:9.2f}x  (target ≥ 3x)")
+                print(f"  {name:32s} failed here: {exc!r:.200}", flush=True)
+                continue
+            print(f"  {name:32s} {rows[name]:9.1f}", flush=True)
+        best = max((v for k, v in rows.items() if k != "baton"), default=None)
+        if best:
+            print(f"  baton / best transformers      {rows['baton'] / best:9.2f}x  (target ≥ 3x)")
     read_bw, copy_bw = measure_bandwidth()
     step_ms, weight_bytes = batch1_step_ms(args.model, "float32", args.prompt_len)
     floor_read = weight_bytes / (read_bw * 1e9) * 1e3
