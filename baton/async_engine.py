@@ -140,9 +140,16 @@ class AsyncEngine:
                 self.num_steps += 1
             except Exception as exc:  # noqa: BLE001 - keep serving the other requests
                 logger.exception("engine step failed")
-                outputs = self.engine.fail_running(repr(exc))
+                outputs = self._fail_running(repr(exc))
             if outputs:
                 self._loop.call_soon_threadsafe(self.deliver, outputs)
+
+    def _fail_running(self, error: str) -> list[StepOutput]:
+        try:
+            return self.engine.fail_running(error)
+        except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+            logger.exception("failing the running requests failed")
+            return []
 
     def _drain_commands(self, block: bool) -> None:
         try:

@@ -28,7 +28,7 @@ from baton.outputs import StepOutput, TokenLogprob
 from baton.request import Request, RequestStatus
 from baton.sampler import SamplerOutput, make_generator
 from baton.sampling_params import SamplingParams
-from baton.scheduler import Scheduler
+from baton.scheduler import AdmissionError, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -198,11 +198,7 @@ class LLMEngine:
             req.scheduled_time = req.scheduled_time or time.monotonic()
             self.scheduler.running.append(req)
             return None
-        del self.requests[request_id]
-        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        out = self._output(tracked, [], "", [])
-        out.error = error
-        return out
+        return self._fail_request(req, error)
 
     def _remote(self, request_id: str) -> _Tracked:
         tracked = self.requests[request_id]
@@ -237,13 +233,23 @@ class LLMEngine:
         """After a failed step: end every running request with an error (blocks freed)."""
         outs = []
         for req in list(self.scheduler.running):
-            tracked = self.requests.pop(req.request_id, None)
-            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-            if tracked is not None:
-                out = self._output(tracked, [], "", [])
-                out.error = error
+            out = self._fail_request(req, error)
+            if out is None:  # untracked (never expected): still drop it and its blocks
+                self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+            else:
                 outs.append(out)
         return outs
+
+    def _fail_request(self, req: Request, error: str) -> StepOutput | None:
+        """End one tracked request with an error wherever it is (blocks freed); None if it
+        already ended (its blocks, maybe held for a transfer, are left alone)."""
+        tracked = self.requests.pop(req.request_id, None)
+        if tracked is None:
+            return None
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        out = self._output(tracked, [], "", [])
+        out.error = error
+        return out
 
     def has_unfinished_requests(self) -> bool:
         """True while there is work to step (waiting or running; not remote-KV waits)."""
@@ -255,8 +261,17 @@ class LLMEngine:
 
     # ---- step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Run one scheduling + forward step; return the requests that progressed."""
-        scheduled, _ = self.scheduler.schedule()
+        """Run one scheduling + forward step; return the requests that progressed.
+
+        A fault one request alone hits (its admission, its sampled token's processing) ends
+        that request with an error; the others go on. Anything else raises (the caller then
+        fails the running batch: `fail_running`)."""
+        try:
+            scheduled, _ = self.scheduler.schedule()
+        except AdmissionError as e:
+            logger.exception("admitting %s failed", e.request.request_id)
+            out = self._fail_request(e.request, f"admission failed: {e}")
+            return [out] if out is not None else []
         if not scheduled:
             return []
         rows, sampled = self.runner.execute(scheduled)
@@ -282,7 +297,12 @@ class LLMEngine:
             if k is not None:
                 lps = [TokenLogprob(token, chosen_lp[i],
                                     dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {})]
-            outputs.append(self._accept_token(tracked, token, lps))
+            try:
+                outputs.append(self._accept_token(tracked, token, lps))
+            except Exception as e:  # noqa: BLE001 - its stop check or text: it alone ends
+                logger.exception("processing a token of %s failed", row.request.request_id)
+                out = self._fail_request(row.request, repr(e))
+                outputs.extend([out] if out is not None else [])
         return outputs
 
     def _accept_token(self, tracked: _Tracked, token: int,

@@ -17,7 +17,7 @@ KVCacheManager.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -84,13 +84,17 @@ class BlockPool:
         return out
 
     def release(self, blocks: Sequence[Block]) -> None:
-        """Drop one reference from each block; blocks reaching 0 join the free queue.
+        """Drop one reference per listing of each block; blocks reaching 0 join the free queue.
 
-        A block listed twice is released twice only if it holds two references; releasing a
-        free block raises AssertionError (it would be queued twice).
+        A block listed k times must hold at least k references. A release that would take a
+        block below zero (a free block, or one listed twice with one reference) raises
+        AssertionError before changing anything: no block is ever queued twice.
         """
+        listed = Counter(block.block_id for block in blocks)
+        over = sorted(i for i, k in listed.items() if self.blocks[i].ref_cnt < k)
+        if over:  # checked explicitly: `python -O` must not turn this into a corrupt queue
+            raise AssertionError(f"blocks {over} released more often than referenced")
         for block in blocks:
-            assert block.ref_cnt > 0, f"block {block.block_id} released while free"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue[block.block_id] = None

@@ -15,6 +15,15 @@ from baton.model_runner import ScheduledRequest
 from baton.request import Request, RequestStatus
 
 
+class AdmissionError(Exception):
+    """Admitting `request` raised (a fault only it hit); the waiting queue is left intact
+    without it, so the engine can end it alone."""
+
+    def __init__(self, request: Request, cause: Exception) -> None:
+        super().__init__(repr(cause))
+        self.request = request
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; asks the KVCacheManager for blocks."""
 
@@ -70,23 +79,30 @@ class Scheduler:
         """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
         place) so smaller requests behind it still run."""
         skipped: list[Request] = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting.popleft()
-            hits, num_computed = self.kv.get_computed_blocks(req.request_id, req.all_token_ids)
-            n = self._num_new_tokens(req, num_computed, budget)
-            if self.kv.allocate_slots(req.request_id, num_computed + n, hits) is None:
-                skipped.append(req)
-                continue
-            req.num_computed_tokens = num_computed
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_computed
-            if req.scheduled_time is None:
-                req.scheduled_time = time.monotonic()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            scheduled.append(self._scheduled(req, n))
-            budget -= n
-        self.waiting.extendleft(reversed(skipped))
+        try:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                req = self.waiting.popleft()
+                try:
+                    hits, num_computed = self.kv.get_computed_blocks(req.request_id,
+                                                                     req.all_token_ids)
+                    n = self._num_new_tokens(req, num_computed, budget)
+                    blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
+                except Exception as e:  # noqa: BLE001 - the engine ends this request alone
+                    raise AdmissionError(req, e) from e
+                if blocks is None:
+                    skipped.append(req)
+                    continue
+                req.num_computed_tokens = num_computed
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = num_computed
+                if req.scheduled_time is None:
+                    req.scheduled_time = time.monotonic()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                scheduled.append(self._scheduled(req, n))
+                budget -= n
+        finally:
+            self.waiting.extendleft(reversed(skipped))
         return budget
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:

@@ -25,11 +25,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
 
 # One set of channel/server options for every internal gRPC hop (KV chunks stay ≤ 2 MiB).
+# Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): a peer restarted on
+# the same address is used again within seconds, not minutes after it came back.
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 # Request ids travel in logs and key engine state: keep them short.
 MAX_REQUEST_ID_LEN = 256

@@ -4,11 +4,14 @@ Prompt (text, token ids or chat) → token ids → checked SamplingParams → th
 as HTTP → the decode worker's messages relayed unchanged. Errors before the first message
 abort the call with the status matching the HTTP one (400 → INVALID_ARGUMENT, 404 →
 NOT_FOUND, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED).
-A client that cancels the call cancels the decode call behind it.
+A client that cancels the call cancels the decode call behind it. With an API key, every
+method but the standard health service needs `authorization: Bearer KEY` metadata (as HTTP
+needs the header on every path but /health): `ApiKeyInterceptor`.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -108,3 +111,42 @@ def _tool(t: gateway_pb2.ToolDefinition) -> dict:
         raise PromptError(f"tool {t.name!r}: parameters_json is not JSON: {e}") from e
     return {"type": "function", "function": {"name": t.name, "description": t.description,
                                              "parameters": parameters}}
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED for any call without `authorization: Bearer KEY` metadata, except the
+    grpc.health.v1 service (probes carry no key, like GET /health)."""
+
+    _OPEN = "/grpc.health.v1.Health/"
+
+    def __init__(self, api_key: str) -> None:
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(self._OPEN):
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        given = given.encode() if isinstance(given, str) else given
+        if hmac.compare_digest(given, self._expected):
+            return handler
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only refuses the call."""
+
+    async def refuse(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            "Incorrect or missing API key (send 'authorization: Bearer KEY' "
+                            "metadata).")
+
+    make = _HANDLERS[bool(handler.request_streaming), bool(handler.response_streaming)]
+    return make(refuse, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+_HANDLERS = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}

@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway.config import GatewayConfig, RoutingPolicy
 from gateway.dispatch import Dispatcher
-from gateway.grpc_front import GatewayServicer
+from gateway.grpc_front import ApiKeyInterceptor, GatewayServicer
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder
@@ -81,7 +81,8 @@ class Gateway:
                                          self.config.max_model_len)
 
     async def _start_grpc(self) -> None:
-        self._grpc = grpc.aio.server()
+        key = self.config.api_key
+        self._grpc = grpc.aio.server(interceptors=[ApiKeyInterceptor(key)] if key else None)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(self.config, self.prompts, self.dispatcher), self._grpc)
         health_servicer = health.aio.HealthServicer()

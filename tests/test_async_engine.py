@@ -95,3 +95,50 @@ async def test_call_with_deliver_queues_the_output_before_returning(engine):
     finally:
         ae.close_stream("x")
         ae.shutdown()
+
+
+async def _serve_three(ae: AsyncEngine) -> dict[str, list]:
+    """'a', 'poison', 'b' added in one engine call, so one step admits all three."""
+    p = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    rids = ("a", "poison", "b")
+    queues = {rid: ae.open_stream(rid) for rid in rids}
+    await ae.call(lambda e: [e.add_request(rid, [5, 6, 7, i], p) for i, rid in enumerate(rids)])
+
+    async def run(rid: str) -> list:
+        try:
+            return [o async for o in ae.stream(rid, queues[rid])]
+        finally:
+            ae.close_stream(rid)
+
+    outs = await asyncio.wait_for(asyncio.gather(*(run(rid) for rid in rids)), 30)
+    return dict(zip(rids, outs))
+
+
+@pytest.mark.parametrize("where", ["admission", "token"])
+async def test_one_poisoned_request_fails_alone(engine, monkeypatch, where):
+    """Case 11's rule inside the engine: a fault only one request hits (its admission, or the
+    processing of its sampled token) ends that request with an error; the requests batched
+    with it are served in full, nothing leaks, and the loop keeps stepping."""
+    target, name = (engine.kv, "get_computed_blocks") if where == "admission" \
+        else (engine, "_check_stop")
+    real = getattr(target, name)
+
+    def poisoned(first, *rest):
+        rid = first if where == "admission" else first.request.request_id
+        if rid == "poison":
+            raise RuntimeError("boom")
+        return real(first, *rest)
+
+    monkeypatch.setattr(target, name, poisoned)
+    ae = AsyncEngine(engine)
+    ae.start()
+    try:
+        outs = await _serve_three(ae)
+        assert outs["poison"][-1].finish_reason == "error" and "boom" in outs["poison"][-1].error
+        for rid in ("a", "b"):
+            assert outs[rid][-1].finish_reason == "length", rid
+            assert sum(len(o.new_token_ids) for o in outs[rid]) == 3
+        assert await ae.call(lambda e: e.kv.num_free_blocks) == engine.kv.num_blocks
+        assert not engine.requests and not engine.scheduler.has_unfinished()
+    finally:
+        ae.shutdown()

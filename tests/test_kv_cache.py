@@ -1,4 +1,7 @@
 """Exact block bookkeeping: block ids, ref counts, free order, prefix hits, eviction."""
+import random
+from collections import Counter
+
 import pytest
 
 from baton.block_hash import hash_block, hash_block_tokens
@@ -113,6 +116,19 @@ def test_double_release_is_refused():
     assert list(pool.free_queue).count(b.block_id) == 1
 
 
+def test_block_listed_twice_in_one_release_is_refused_whole():
+    """Case 9: the same block twice in one release (one reference) is refused before
+    anything changes: never queued twice, the other blocks of the call untouched."""
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    with pytest.raises(AssertionError, match=r"\[1\]"):
+        pool.release([a, b, b])
+    assert (a.ref_cnt, b.ref_cnt, pool.num_free_blocks) == (1, 1, 2)
+    pool.touch([b])  # two references: listing it twice is right
+    pool.release([a, b, b])
+    assert pool.num_free_blocks == 4 and sorted(pool.free_queue) == [0, 1, 2, 3]
+
+
 def test_no_drift_after_many_requests():
     kv = KVCacheManager(num_blocks=16, block_size=4)
     for i in range(2000):
@@ -125,3 +141,46 @@ def test_no_drift_after_many_requests():
     assert kv.num_free_blocks == 16 and not kv.requests
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
     assert len(kv.pool.free_queue) == len(set(kv.pool.free_queue)) == 16
+
+
+def test_no_drift_with_interleaved_requests():
+    """Case 8 with requests overlapping: thousands of requests share prefixes, grow a token
+    at a time, are preempted (freed mid-way) or finish, in random order. After every step
+    each block's ref_cnt equals the number of block tables holding it, the free count equals
+    the unreferenced blocks (each queued once) and usage stays in [0, 1]."""
+    rng = random.Random(0)
+    kv = KVCacheManager(num_blocks=32, block_size=4)
+    live: dict[str, list[int]] = {}
+
+    def check() -> None:
+        refs = Counter(b for rid in kv.requests for b in kv.block_table(rid))
+        assert all(b.ref_cnt == refs[b.block_id] for b in kv.pool.blocks)
+        unreferenced = sum(b.ref_cnt == 0 for b in kv.pool.blocks)
+        assert kv.num_free_blocks == len(set(kv.pool.free_queue)) == unreferenced
+        assert 0.0 <= kv.usage <= 1.0
+
+    for i in range(3000):
+        op = rng.random()
+        if op < 0.35 or not live:  # arrive; a 3-token alphabet makes prefixes collide
+            rid, toks = f"r{i}", [rng.randrange(3) for _ in range(rng.randrange(1, 24))]
+            hits, _ = kv.get_computed_blocks(rid, toks)
+            if kv.allocate_slots(rid, len(toks), hits) is not None:
+                kv.cache_blocks(rid, toks, len(toks))
+                live[rid] = toks
+        elif op < 0.85:  # decode one token; no room → preempted (freed, recomputed later)
+            rid = rng.choice(list(live))
+            live[rid].append(rng.randrange(3))
+            if kv.allocate_slots(rid, len(live[rid])) is None:
+                kv.free(rid)
+                del live[rid]
+            else:
+                kv.cache_blocks(rid, live[rid], len(live[rid]))
+        else:  # finish
+            rid = rng.choice(list(live))
+            kv.free(rid)
+            del live[rid]
+        check()
+    for rid in list(live):
+        kv.free(rid)
+    check()
+    assert kv.num_free_blocks == 32 and not kv.requests

@@ -5,9 +5,10 @@ import asyncio
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.gateway.conftest import MODEL, Behavior
+from tests.gateway.conftest import MODEL, Behavior, running_gateway
 
 
 @pytest.fixture
@@ -92,3 +93,33 @@ async def test_overload_maps_to_resource_exhausted(stub, fake):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x"))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_api_key_guards_the_grpc_front_but_not_its_health(prompts, fake):
+    """Security: with --api-key the gRPC front wants `authorization: Bearer KEY` metadata on
+    Generate (as HTTP wants the header); the standard health service stays open."""
+    async with running_gateway(prompts, [fake], api_key="sekret") as gw:
+        async with grpc.aio.insecure_channel(gw.grpc_address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            request = gateway_pb2.GatewayGenerateRequest(text="x")
+            for metadata in (None, [("authorization", "Bearer wrong")],
+                             [("authorization", "sekret")]):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    [m async for m in stub.Generate(request, metadata=metadata, timeout=5)]
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+            assert not fake.servicer.requests  # refused before reaching a worker
+            msgs = [m async for m in stub.Generate(
+                request, metadata=[("authorization", "Bearer sekret")], timeout=5)]
+            assert msgs[-1].WhichOneof("kind") == "finished"
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_oversized_message_is_refused_and_the_front_serves_on(stub, fake):
+    """Security: request messages are bounded (gRPC's 4 MiB receive limit), like HTTP bodies."""
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x" * (5 << 20)))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not fake.servicer.requests
+    assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4

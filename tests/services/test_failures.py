@@ -3,6 +3,7 @@ unreachable workers, slow collection; the lease; and bad input. Issue 7 cases 1â
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import grpc
@@ -131,14 +132,17 @@ async def test_prefill_rejects_after_decode_reserved(cluster, model):
 
 @pytest.mark.parametrize("field, decode_kw", [
     ("block_size", {"block_size": 16}),
+    ("dtype", {}),
     ("model", {}),
 ])
 async def test_layout_mismatch_is_refused_at_handshake(cluster, model, field, decode_kw):
     """Case 4: a clear FAILED_PRECONDITION naming the differing field; nothing allocated."""
     prefill = await cluster.prefill(model, "nixl")
     extra = {"served_model_name": "other-model"} if field == "model" else {}
-    decode = await cluster.decode(model, "nixl", prefill.address,
-                                  engine=engine_config(model, **decode_kw), **extra)
+    engine = engine_config(model, **decode_kw)
+    if field == "dtype":  # a bfloat16 KV cache against the prefill worker's float32 one
+        engine = dataclasses.replace(engine, dtype="bfloat16")
+    decode = await cluster.decode(model, "nixl", prefill.address, engine=engine, **extra)
     call = cluster.client(decode).decode.Generate(request(prompt_of(40, 4)), timeout=30)
     with pytest.raises(grpc.aio.AioRpcError) as e:
         [m async for m in call]
