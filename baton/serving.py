@@ -187,3 +187,27 @@ class Rejected(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.code, self.details = code, details
+
+
+async def serve_until_signalled(start) -> None:
+    """Start a worker (`await start()` returns an object with port, metrics_port and an async
+    stop()), print READY, serve until SIGTERM/SIGINT, then stop it (drain) in any case."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    server = await start()
+    announce(server.port, server.metrics_port)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def run_worker(parse_args, server_cls, argv: list[str] | None) -> int:
+    """Process entry of a worker role: parse flags into its frozen config, configure logging,
+    run `server_cls(config)` on uvloop until signalled."""
+    import uvloop
+
+    config = parse_args(argv)
+    configure_logging(config.server.log_level)
+    uvloop.run(serve_until_signalled(lambda: server_cls(config).start()))
+    return 0

@@ -1,6 +1,6 @@
 """The decode worker process: build everything from one config, serve, drain on SIGTERM.
 
-    main(argv) → parse_args → DecodeConfig → uvloop.run(serve(config))
+    main(argv) → parse_args → DecodeConfig → run_worker(parse_args, Server, argv): uvloop, serve until SIGTERM, drain
     serve: DecodeServer.start()
       1. load the engine (model, dtype, KV pool) and start its thread (AsyncEngine)
       2. make the KV receiver over the engine's kv_cache (--transport nixl | grpc; the gRPC
@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -23,12 +22,10 @@ from baton.engine import LLMEngine
 from baton.serving import (
     CHANNEL_OPTIONS,
     add_health,
-    announce,
     bind,
-    configure_logging,
-    install_stop_signals,
     served_model_name,
     set_serving,
+    run_worker,
     start_metrics_server,
 )
 from baton.transfer import kv_layout, make_receiver
@@ -99,24 +96,8 @@ class DecodeServer:
         log.info("decode worker stopped", extra={"address": self.address})
 
 
-async def serve(config: DecodeConfig) -> None:
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    server = await DecodeServer(config).start()
-    announce(server.port, server.metrics_port)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    configure_logging(config.server.log_level)
-    import uvloop
-
-    uvloop.run(serve(config))
-    return 0
+    return run_worker(parse_args, DecodeServer, argv)
 
 
 if __name__ == "__main__":

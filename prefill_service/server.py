@@ -1,6 +1,6 @@
 """The prefill worker process: build everything from one config, serve, drain on SIGTERM.
 
-    main(argv) → parse_args → PrefillConfig → uvloop.run(serve(config))
+    main(argv) → parse_args → PrefillConfig → run_worker(parse_args, Server, argv): uvloop, serve until SIGTERM, drain
     serve: PrefillServer.start()
       1. load the engine (model, dtype, KV pool) and start its thread (AsyncEngine)
       2. make the KV sender over the engine's kv_cache (--transport nixl | grpc)
@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -22,12 +21,10 @@ from baton.engine import LLMEngine
 from baton.serving import (
     CHANNEL_OPTIONS,
     add_health,
-    announce,
     bind,
-    configure_logging,
-    install_stop_signals,
     served_model_name,
     set_serving,
+    run_worker,
     start_metrics_server,
 )
 from baton.transfer import kv_layout, make_sender
@@ -91,24 +88,8 @@ class PrefillServer:
         log.info("prefill worker stopped", extra={"address": self.address})
 
 
-async def serve(config: PrefillConfig) -> None:
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    server = await PrefillServer(config).start()
-    announce(server.port, server.metrics_port)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    configure_logging(config.server.log_level)
-    import uvloop
-
-    uvloop.run(serve(config))
-    return 0
+    return run_worker(parse_args, PrefillServer, argv)
 
 
 if __name__ == "__main__":
