@@ -3,6 +3,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from baton import LLM, SamplingParams
 from baton.models.registry import ModelNotFoundError, UnsupportedModelError, resolve_model
@@ -51,7 +52,8 @@ def test_bfloat16_engine_runs(tiny_qwen3):
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4,
                                                       ignore_eos=True))[0]
     assert len(out.output_token_ids) == 4
-    assert llm.engine.runner.kv_cache.dtype.is_floating_point
+    assert llm.engine.runner.kv_cache.dtype == torch.bfloat16
+    assert llm.engine.model.layers[0].qkv.dtype == torch.bfloat16
 
 
 def test_sampling_outputs_logprobs_stop_and_n(tiny_llama):
