@@ -3,9 +3,15 @@
 Covers Llama, Mistral (no sliding window), Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMS
 norm), tied or untied embeddings, GQA. Config, rotary tables and activation come from
 transformers so the numerics match its reference implementation; the weights are re-laid out
-for speed: q/k/v fused into one (hidden, (Hq + 2·Hkv)·D) matrix, gate/up fused into one
-(hidden, 2·I) matrix, every matrix stored (in, out) so `x @ W` streams rows (faster GEMV on
-CPU, see shared/PLATFORM.md).
+for speed: q/k/v fused into one (hidden, (Hq + 2·Hkv)·D) matrix, every matrix stored (in, out)
+so `x @ W` streams rows (faster GEMV on CPU, see shared/PLATFORM.md), and the big ones (gate/up,
+down, lm_head) as two column halves multiplied by one batched matmul, which runs a one-row
+GEMV on two cores where MKL's plain GEMV uses one (`_split_matmul`).
+
+On CPU each step first builds a `kernels.paged_cpu.PagedAttentionPlan` (every cache index
+derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
+the caches, each small torch op costs 40–100 µs here, so the per-layer op count is what the
+decode step time is made of beyond the weight reads.
 
 One step runs over a flat batch of T tokens from many sequences (decode rows first, then
 prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
@@ -21,6 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
+from kernels.paged_cpu import PagedAttentionPlan
 
 
 @dataclass
@@ -67,15 +74,40 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, transformers' `apply_rotary_pos_emb` form. x: [T, H, D]; cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, bit-identical to transformers' `x * cos + rotate_half(x) * sin`.
+
+    x: [T, H, D]; cos, sin_signed: [T, 1, D] where sin_signed's first half is negated, so
+    rotate_half(x) * sin = [-x2·s1, x1·s2] = roll(x, D/2) * sin_signed (negation is exact):
+    four ops instead of seven (each costs ~40 µs on a cold cache after a GEMV, see
+    kernels/paged_cpu.py).
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
+def _split_columns(w: torch.Tensor) -> torch.Tensor:
+    """(in, out) matrix → [2, in, ceil(out/2)]: its two column halves (the last zero-padded when
+    `out` is odd), for `_split_matmul`."""
+    n = -(-w.shape[1] // 2)
+    w = torch.nn.functional.pad(w, (0, 2 * n - w.shape[1]))
+    return w.view(w.shape[0], 2, n).transpose(0, 1).contiguous()
+
+
+def _split_matmul(x: torch.Tensor, w2: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x [T, in] @ W [in, out] with W stored as `_split_columns(W)`: one batched matmul over the
+    two halves. Each output column is the same dot product as `x @ W` (no split sums); the gain
+    is threading: MKL's GEMV for one row runs on one core here, a batch of two GEMVs on two
+    (measured on this 2-core VM: batch-1 decode step 74 → 65 ms; see BENCHMARKS.md)."""
+    y = torch.matmul(x, w2).transpose(0, 1).reshape(x.shape[0], -1)  # [T, 2·ceil(out/2)]
+    return y if y.shape[1] == out_features else y[:, :out_features]
 
 
 class Layer:
-    """Weights of one decoder layer (fused, (in, out) layout)."""
+    """Weights of one decoder layer (fused, (in, out) layout).
+
+    qkv [hidden, (Hq + 2·Hkv)·D]; o [Hq·D, hidden]; gate_up [2, hidden, I] (gate, up);
+    down as `_split_columns` of [I, hidden].
+    """
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
         def get(name: str) -> torch.Tensor | None:
@@ -89,9 +121,9 @@ class Layer:
         self.o = get(a + "o_proj.weight").t().contiguous()
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
-        self.gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")],
-                                 0).t().contiguous()
-        self.down = get("mlp.down_proj.weight").t().contiguous()
+        self.gate_up = torch.stack([get("mlp.gate_proj.weight").t(),
+                                    get("mlp.up_proj.weight").t()]).contiguous()
+        self.down = _split_columns(get("mlp.down_proj.weight").t())
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
 
@@ -129,8 +161,9 @@ class DecoderModel:
         lm_head = weights.get("lm_head.weight")
         if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
             lm_head = weights["model.embed_tokens.weight"]
-        self.lm_head = lm_head.to(dtype).t().contiguous()
-        self._cos, self._sin = self._rope_tables(cfg, self.shape.max_position_embeddings)
+        self.lm_head = _split_columns(lm_head.to(dtype).t())
+        self._lm_head_rows = lm_head.shape[0]  # may exceed config.vocab_size (padded vocab)
+        self._cos, self._sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -140,15 +173,18 @@ class DecoderModel:
         return weights
 
     def _rope_tables(self, cfg, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [max_len, D] from the model's own transformers rotary module (rope scaling
-        types included), so positions rotate exactly as in the reference."""
+        """cos / sin_signed [max_len, D] from the model's own transformers rotary module (rope
+        scaling types included), so positions rotate exactly as in the reference; sin_signed
+        has its first half negated (see `_rotate`)."""
         arch = cfg.model_type
         module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
         rotary_cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
         rotary = rotary_cls(config=cfg)
         pos = torch.arange(max_len)[None]
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos)
-        return cos[0].to(self.dtype), sin[0].to(self.dtype)
+        sin = sin[0].clone()
+        sin[:, : sin.shape[-1] // 2].neg_()
+        return cos[0].to(self.dtype), sin.to(self.dtype)
 
     # ---- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -156,25 +192,34 @@ class DecoderModel:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
         h = self.embed[input_ids]
-        cos, sin = self._cos[positions], self._sin[positions]
+        cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         q_width, kv_width = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
+        plan = kv_rows = None
+        if not kv_cache.is_cuda:  # CPU: indices once per step (kernels.paged_cpu), not per layer
+            plan = PagedAttentionPlan(
+                tuple(kv_cache.shape), meta.slot_mapping, meta.num_decode_tokens,
+                meta.decode_block_tables, meta.decode_context_lens, meta.prefill_block_tables,
+                meta.prefill_query_start_loc, meta.prefill_seq_lens)
+            kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_norm, self.eps)
             qkv = x @ layer.qkv
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
-            qk = qk.view(-1, s.num_heads + s.num_kv_heads, s.head_size)  # [T, Hq + Hkv, D]
-            v = v.view(-1, s.num_kv_heads, s.head_size)                  # [T, Hkv, D]
+            qk, v = qkv.view(-1, s.num_heads + 2 * s.num_kv_heads, s.head_size).split(
+                [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [T, Hq+Hkv, D], [T, Hkv, D]
             if layer.q_norm is not None:
                 qk = torch.cat([_rms_norm(qk[:, :s.num_heads], layer.q_norm, self.eps),
                                 _rms_norm(qk[:, s.num_heads:], layer.k_norm, self.eps)], 1)
             q, k = _rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)
-            attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
+            if plan is not None:
+                attn = self._attention_cpu(plan, kv_rows, i, q, k, v)
+            else:
+                attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
             h = h + attn.view(-1, q_width) @ layer.o
             x = _rms_norm(h, layer.post_norm, self.eps)
-            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-            h = h + (self.act(gate) * up) @ layer.down
+            gate, up = torch.matmul(x, layer.gate_up).unbind()
+            h = h + _split_matmul(self.act(gate) * up, layer.down, s.hidden_size)
         return _rms_norm(h, self.norm, self.eps)
 
     def _attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -191,9 +236,20 @@ class DecoderModel:
                 meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def _attention_cpu(self, plan: PagedAttentionPlan, kv_rows: torch.Tensor, layer: int,
+                       q, k, v) -> torch.Tensor:
+        plan.write_kv(kv_rows, layer, k, v)
+        td = plan.num_decode_tokens
+        if td == q.shape[0]:
+            return plan.decode_attention(kv_rows, layer, q, self.scale)
+        if td == 0:
+            return plan.prefill_attention(kv_rows, layer, q, self.scale)
+        return torch.cat([plan.decode_attention(kv_rows, layer, q[:td], self.scale),
+                          plan.prefill_attention(kv_rows, layer, q[td:], self.scale)])
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] → logits [N, vocab] float32."""
-        return (hidden @ self.lm_head).float()
+        return _split_matmul(hidden, self.lm_head, self._lm_head_rows).float()
 
 
 def read_architecture(folder: Path) -> str:

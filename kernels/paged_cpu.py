@@ -1,0 +1,151 @@
+"""CPU path of the paged-attention kernels: index tensors built once per step, shared by every layer.
+
+The `<name>_ref` functions are the references: each call re-derives its indices from the block
+tables, which costs more than the attention itself for one decode token (on the 2-core CPU here,
+~0.8 ms per layer). `PagedAttentionPlan` derives every index once per step, on the whole
+block-major cache viewed as rows of one token's heads:
+
+    kv_cache [num_blocks, L, 2, block_size, H, D]  ──view──▶  rows [num_blocks·L·2·block_size, H, D]
+    row(block, layer, kv, offset) = ((block·L + layer)·2 + kv)·block_size + offset
+
+so a layer costs one `index_copy_` (new K and V into their slots), one `index_select` (every
+sequence's context, K and V together) and the SDPA calls: the same math as the references,
+with the per-layer bookkeeping gone. Tests compare every method against its `_ref`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class PagedAttentionPlan:
+    """Per-step indices for writing K/V and attending over the paged cache on CPU.
+
+    Args (all CPU tensors):
+        kv_cache_shape: (num_blocks, num_layers, 2, block_size, num_kv_heads, head_size).
+        slot_mapping: [T] int64, slot of each new token (negative: skip, already cached).
+        num_decode_tokens: Td; rows [0, Td) of the step are single-token decodes.
+        decode_block_tables: [Td, max_blocks] int32 or None; decode_context_lens: [Td] int32
+            (tokens in cache including the new one, each >= 1).
+        prefill_block_tables: [S, max_blocks] int32 or None; prefill_query_start_loc: [S+1]
+            int32 offsets into the prefill rows; prefill_seq_lens: [S] int32 (cache length
+            including the new tokens, >= q_len).
+
+    Block-table entries past a sequence's last needed block are never followed. Raises
+    IndexError (at `write_kv`) for a slot past the cache.
+    """
+
+    def __init__(
+        self,
+        kv_cache_shape: tuple[int, ...],
+        slot_mapping: torch.Tensor,
+        num_decode_tokens: int,
+        decode_block_tables: torch.Tensor | None = None,
+        decode_context_lens: torch.Tensor | None = None,
+        prefill_block_tables: torch.Tensor | None = None,
+        prefill_query_start_loc: torch.Tensor | None = None,
+        prefill_seq_lens: torch.Tensor | None = None,
+    ) -> None:
+        _, num_layers, _, block_size, num_kv_heads, head_size = kv_cache_shape
+        self.num_kv_heads, self.head_size = num_kv_heads, head_size
+        self._bs = block_size
+        self._block_rows = num_layers * 2 * block_size  # rows per block, all layers
+        layer_offsets = torch.arange(num_layers, dtype=torch.int64)[:, None] * (2 * block_size)
+
+        # write: [L, 2·Tk] rows, K rows then V rows of the kept tokens
+        keep = slot_mapping >= 0
+        self._write_src = None
+        slots = slot_mapping
+        if not bool(keep.all()):
+            self._write_src = keep.nonzero().squeeze(1)
+            slots = slot_mapping[self._write_src]
+        base = self._rows(slots)
+        self._write_rows = (torch.cat([base, base + block_size])[None] + layer_offsets).unbind()
+
+        # decode: [L, 2·Bd·N] rows of each sequence's first N positions, N = longest context
+        self.num_decode_tokens = num_decode_tokens
+        if num_decode_tokens:
+            lens = decode_context_lens.long()
+            n = int(lens.max())
+            pos = torch.arange(n)
+            rows = self._table_rows(decode_block_tables, lens, pos)  # [Bd, N]
+            self._decode_shape = (2, num_decode_tokens, n, num_kv_heads, head_size)
+            self._decode_rows = (torch.stack([rows, rows + block_size]).flatten()[None]
+                                 + layer_offsets).unbind()
+            # keys past a sequence's length are masked; no mask when every length is N
+            self._decode_mask = None
+            if bool((lens != n).any()):
+                self._decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+
+        # prefill: [L, 2·ΣN] rows of each sequence's whole context, sequences back to back
+        self._prefill = []  # (q0, q1, n0, n1, mask or None for plain causal)
+        if prefill_seq_lens is not None and len(prefill_seq_lens):
+            starts = prefill_query_start_loc.tolist()
+            all_rows, n0 = [], 0
+            for s, seq_len in enumerate(prefill_seq_lens.tolist()):
+                q0, q1 = starts[s], starts[s + 1]
+                if q1 == q0:
+                    continue
+                pos = torch.arange(seq_len)
+                all_rows.append(self._table_rows(prefill_block_tables[s:s + 1],
+                                                 torch.tensor([seq_len]), pos)[0])
+                mask = None
+                if q1 - q0 != seq_len:  # SDPA's is_causal aligns top-left; ours bottom-right
+                    q_pos = torch.arange(seq_len - (q1 - q0), seq_len)
+                    mask = pos[None, :] <= q_pos[:, None]
+                self._prefill.append((q0, q1, n0, n0 + seq_len, mask))
+                n0 += seq_len
+            if all_rows:
+                rows = torch.cat(all_rows)
+                self._prefill_len = n0
+                self._prefill_rows = (torch.stack([rows, rows + block_size]).flatten()[None]
+                                      + layer_offsets).unbind()
+
+    def _rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Layer-0 K row of each slot."""
+        return (slots // self._bs) * self._block_rows + slots % self._bs
+
+    def _table_rows(self, tables: torch.Tensor, lens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """[B, N] layer-0 K rows of positions `pos` through each block table; positions at or past
+        a sequence's length point at block 0 (their scores are masked)."""
+        idx = (pos // self._bs)[None, :].expand(tables.shape[0], -1)
+        used = pos[None, :] < lens[:, None]
+        blocks = torch.where(used, tables.long().gather(1, idx), 0)
+        return blocks * self._block_rows + pos % self._bs
+
+    def write_kv(self, kv_rows: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Write this step's key/value `[T, H, D]` of `layer` into `kv_rows` (the cache as rows
+        `[num_blocks·L·2·block_size, H, D]`, a view), in place. Same result as `write_kv_ref`."""
+        if self._write_src is not None:
+            key, value = key[self._write_src], value[self._write_src]
+        kv_rows.index_copy_(0, self._write_rows[layer], torch.cat([key, value]))
+
+    def decode_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """query `[Bd, Hq, D]` → `[Bd, Hq, D]`; same math as `paged_decode_attention_ref`.
+
+        The GQA group rides in SDPA's query-length dimension ([Bd, Hkv, group, D]), so K/V are
+        never repeated per query head."""
+        k, v = kv_rows.index_select(0, self._decode_rows[layer]).view(
+            self._decode_shape).transpose(2, 3).unbind()  # [Bd, Hkv, N, D] each
+        b, hq, d = query.shape
+        q = query.reshape(b, self.num_kv_heads, hq // self.num_kv_heads, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_mask, scale=scale)
+        return out.reshape(b, hq, d)
+
+    def prefill_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+        """query `[Tp, Hq, D]` (packed prefill rows) → `[Tp, Hq, D]`; same math as
+        `prefill_attention_ref` (causal, aligned to each sequence's end)."""
+        out = torch.empty_like(query)
+        if not self._prefill:
+            return out
+        kv = kv_rows.index_select(0, self._prefill_rows[layer]).view(
+            2, self._prefill_len, self.num_kv_heads, self.head_size)
+        for q0, q1, n0, n1, mask in self._prefill:
+            o = F.scaled_dot_product_attention(
+                query[q0:q1].transpose(0, 1)[None], kv[0, n0:n1].transpose(0, 1)[None],
+                kv[1, n0:n1].transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
+                scale=scale, enable_gqa=True)
+            out[q0:q1] = o[0].transpose(0, 1)
+        return out
