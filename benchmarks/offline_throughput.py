@@ -42,11 +42,20 @@ def measure_bandwidth() -> tuple[float, float]:
     return read, copy
 
 
-def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+def make_prompts(vocab: int, n: int, length: int, seed: int = 0,
+                 shared_prefix: int = 0) -> list[list[int]]:
+    """n random-token prompts of length ± 1/8; the first `shared_prefix` tokens are the same
+    in every prompt (an agent's system prompt and tool list), the rest differ."""
     rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(length + rng.randrange(-length // 8,
-                                                                          length // 8 + 1))]
+    prefix = [rng.randrange(10, vocab) for _ in range(shared_prefix)]
+    return [prefix + [rng.randrange(10, vocab)
+                      for _ in range(length - shared_prefix
+                                     + rng.randrange(-length // 8, length // 8 + 1))]
             for _ in range(n)]
+
+
+def vocab_of(llm) -> int:
+    return llm.engine.model.shape.vocab_size
 
 
 def run_baton(model: str, dtype: str, prompts, output_len: int) -> float:
@@ -55,7 +64,9 @@ def run_baton(model: str, dtype: str, prompts, output_len: int) -> float:
     llm = LLM(model, dtype=dtype, max_num_seqs=len(prompts), max_num_batched_tokens=2048,
               long_prefill_token_threshold=512)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    # warm-up on other tokens: warming on the measured prompts would leave them prefix-cached
+    warm = [[(t * 7919 + 13) % vocab_of(llm) for t in p[:64]] for p in prompts[:2]]
+    llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4))
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - t
@@ -68,6 +79,9 @@ def run_hf_padded(folder, dtype, prompts, output_len: int, batch_size: int) -> f
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    with torch.no_grad():  # warm-up, as Baton gets
+        model.generate(input_ids=torch.tensor([prompts[0][:64]]), max_new_tokens=4,
+                       do_sample=False, pad_token_id=pad)
     total, t = 0, time.perf_counter()
     with torch.no_grad():
         for i in range(0, len(prompts), batch_size):
@@ -95,8 +109,57 @@ def run_hf_continuous(folder, dtype, prompts, output_len: int) -> float:
     return sum(len(o.generated_tokens) for o in outs.values()) / elapsed
 
 
-def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int]:
-    """Median Baton decode step (one sequence) in ms, and weight bytes read per step."""
+def gemm_gflops(dtype: torch.dtype, m: int = 2048, k: int = 576, n: int = 3072) -> float:
+    """This machine's sgemm rate now (GFLOP/s) on a prefill-shaped [m, k] @ [k, n] product."""
+    x, w = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    x @ w
+    t = time.perf_counter()
+    for _ in range(3):
+        x @ w
+    return 3 * 2 * m * k * n / (time.perf_counter() - t) / 1e9
+
+
+def prefill_floor_s(model: str, prompts, dtype: torch.dtype) -> float:
+    """Seconds any engine needs for these prompts' prefill matmuls at the measured GEMM rate:
+    2 FLOPs per weight per prompt token (layers only; lm_head runs on the last token), a lower
+    bound that Baton and transformers share (both run the same MKL sgemm)."""
+    from baton.models.registry import resolve_model
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(resolve_model(model))
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads or cfg.num_attention_heads
+    per_layer = cfg.hidden_size * ((cfg.num_attention_heads + 2 * kv) * d) \
+        + cfg.num_attention_heads * d * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    flops = 2 * per_layer * cfg.num_hidden_layers * sum(map(len, prompts))
+    return flops / (gemm_gflops(dtype) * 1e9)
+
+
+def batch1_matmul_ms(llm) -> float:
+    """Median time of one batch-1 step's matmuls alone (every layer's GEMVs + lm_head, in the
+    model's own layout and calls): the weight-streaming part of a decode step."""
+    from baton.models.decoder import _split_matmul
+
+    m = llm.engine.model
+    s = m.shape
+    x = torch.randn(1, s.hidden_size, dtype=m.dtype)
+    a = torch.randn(1, m.layers[0].down.shape[1], dtype=m.dtype)
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        for layer in m.layers:
+            x @ layer.qkv
+            x @ layer.o
+            torch.matmul(x, layer.gate_up)
+            _split_matmul(a, layer.down, s.hidden_size)
+        m.compute_logits(x)
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int, float]:
+    """Median Baton decode step (one sequence) in ms, weight bytes read per step, and the
+    median time of the step's matmuls alone (ms)."""
     from baton import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, kv_cache_memory_bytes=256 << 20)
@@ -113,7 +176,8 @@ def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int]:
     m = e.model
     mats = [m.lm_head] + [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                            layer.down)]
-    return 1000 * statistics.median(times[2:]), sum(w.numel() * w.element_size() for w in mats)
+    return (1000 * statistics.median(times[2:]), sum(w.numel() * w.element_size() for w in mats),
+            batch1_matmul_ms(llm))
 
 
 def main() -> None:
@@ -126,6 +190,9 @@ def main() -> None:
     p.add_argument("--hf-batch-size", type=int, default=16,
                    help="padded generate batch size (memory-bound on 24 GiB)")
     p.add_argument("--skip-hf-continuous", action="store_true")
+    p.add_argument("--shared-prefix", type=int, default=0,
+                   help="tokens every prompt shares at its start (agent system prompt); 0 = "
+                        "fully distinct prompts")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -135,7 +202,10 @@ def main() -> None:
 
     folder = resolve_model(args.model)
     vocab = AutoConfig.from_pretrained(folder).vocab_size
-    prompts = make_prompts(vocab, args.num_prompts, args.prompt_len)
+    if not 0 <= args.shared_prefix < args.prompt_len * 7 // 8:
+        p.error("--shared-prefix must be below 7/8 of --prompt-len")
+    prompts = make_prompts(vocab, args.num_prompts, args.prompt_len,
+                           shared_prefix=args.shared_prefix)
     print(f"{args.num_prompts} prompts of ~{args.prompt_len} tokens, {args.output_len} output "
           f"tokens each, {args.threads} threads, model {args.model}")
     for dtype_name in args.dtypes.split(","):
@@ -158,11 +228,17 @@ def main() -> None:
         best = max((v for k, v in rows.items() if k != "baton"), default=None)
         if best:
             print(f"  baton / best transformers      {rows['baton'] / best:9.2f}x  (target ≥ 3x)")
+            floor = prefill_floor_s(args.model, prompts, dtype)
+            ceiling = args.num_prompts * args.output_len / floor / best
+            if not args.shared_prefix:  # with a shared prefix Baton skips part of the prefill
+                print(f"  prefill matmul floor {floor:.1f} s at this machine's GEMM rate → even "
+                      f"a decode that cost nothing caps the ratio at {ceiling:.2f}x")
     read_bw, copy_bw = measure_bandwidth()
-    step_ms, weight_bytes = batch1_step_ms(args.model, "float32", args.prompt_len)
+    step_ms, weight_bytes, matmul_ms = batch1_step_ms(args.model, "float32", args.prompt_len)
     floor_read = weight_bytes / (read_bw * 1e9) * 1e3
     floor_copy = weight_bytes / (copy_bw * 1e9) * 1e3
     print(f"\nbatch-1 decode step (fp32, context {args.prompt_len}): {step_ms:.1f} ms")
+    print(f"  of which the step's matmuls alone take {matmul_ms:.1f} ms")
     print(f"  weights read per step {weight_bytes / 1e6:.0f} MB; read bw {read_bw:.1f} GB/s, "
           f"copy bw (r+w) {copy_bw:.1f} GB/s")
     print(f"  floor by read bw {floor_read:.1f} ms → ratio {step_ms / floor_read:.2f}x; "
