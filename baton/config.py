@@ -49,11 +49,16 @@ class SchedulerConfig:
     max_num_seqs: sequences running at once.
     long_prefill_token_threshold: cap on one request's prefill tokens per step, so one huge
     prompt cannot stall the running decodes (chunked prefill); 0 = no per-request cap.
+    max_bypass_s: seconds a waiting request that cannot get KV blocks may be passed by smaller
+    requests behind it; after that nothing behind it is admitted until it fits, so a steady
+    stream of small requests cannot starve a large one (running requests finish and free
+    blocks). 0 = strict FIFO admission.
     """
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     long_prefill_token_threshold: int = 512
+    max_bypass_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -62,6 +67,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be ≥ 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be ≥ 0")
+        if self.max_bypass_s < 0:
+            raise ValueError("max_bypass_s must be ≥ 0")
 
 
 @dataclass(frozen=True)

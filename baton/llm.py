@@ -18,7 +18,7 @@ class LLM:
 
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
     num_blocks, kv_cache_memory_bytes, enable_prefix_caching) or SchedulerConfig
-    (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold).
+    (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_bypass_s).
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """
 

@@ -64,6 +64,7 @@ class Request:
     num_cached_tokens: int = -1  # -1 until first scheduled
     num_preemptions: int = 0
     scheduled_time: float | None = None  # time.monotonic() when it first joined the batch
+    blocked_since: float | None = None  # time.monotonic() when admission first found no blocks
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     all_token_ids: list[int] = field(init=False)

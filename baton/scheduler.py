@@ -77,8 +77,10 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
-        place) so smaller requests behind it still run."""
+        place) so smaller requests behind it still run, for at most `max_bypass_s`: once a
+        skipped request has waited that long for blocks, admission stops behind it."""
         skipped: list[Request] = []
+        now = time.monotonic()
         try:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting.popleft()
@@ -91,7 +93,12 @@ class Scheduler:
                     raise AdmissionError(req, e) from e
                 if blocks is None:
                     skipped.append(req)
+                    if req.blocked_since is None:
+                        req.blocked_since = now
+                    if now - req.blocked_since >= self.config.max_bypass_s:
+                        break  # passed by long enough: nothing behind it goes first
                     continue
+                req.blocked_since = None
                 req.num_computed_tokens = num_computed
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_computed

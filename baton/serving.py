@@ -78,6 +78,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--long-prefill-token-threshold", type=int, default=512,
                    help="chunk cap: one request's prefill tokens per step (0 = none)")
+    g.add_argument("--max-bypass-s", type=float, default=5.0,
+                   help="seconds smaller requests may pass one that cannot get KV blocks "
+                        "before admission waits for it (0 = FIFO)")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -98,7 +101,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                           num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs,
-                                  long_prefill_token_threshold=a.long_prefill_token_threshold))
+                                  long_prefill_token_threshold=a.long_prefill_token_threshold,
+                                  max_bypass_s=a.max_bypass_s))
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:

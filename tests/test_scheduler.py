@@ -64,3 +64,21 @@ def test_seeded_request_same_alone_and_in_batch(tiny_qwen2):
     other = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
     mixed = llm.generate([[9, 9, 9], [5, 6, 7, 8], [4, 4]], [other, seeded, other])
     assert mixed[1].output_token_ids == alone
+
+
+def test_blocked_head_is_not_starved_after_max_bypass(tiny_llama):
+    """Case 6 without starvation: once the huge request has been passed by for max_bypass_s,
+    later small requests wait behind it; it runs as soon as the hog frees its blocks."""
+    e = _engine(tiny_llama, block_size=4, num_blocks=12, long_prefill_token_threshold=0,
+                max_num_batched_tokens=512, max_bypass_s=0.0)
+    p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    e.add_request("hog", list(range(3, 23)), p)  # takes 5-6 blocks while it runs
+    e.step()
+    e.add_request("huge", [9] * 37, p)  # needs 10 blocks: cannot fit now
+    e.add_request("small", [5, 6, 7], p)
+    order = []
+    while e.has_unfinished_requests():
+        scheduled = {r.request_id for r in e.step()}
+        order.extend(sorted(scheduled - set(order)))
+    assert order.index("huge") < order.index("small")
+    assert e.kv.num_free_blocks == e.kv.num_blocks
