@@ -289,6 +289,7 @@ class LLMEngine:
         top = sampled.top_logprobs
         top_ids = top[0].tolist() if top is not None else None
         top_vals = top[1].tolist() if top is not None else None
+        ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
         for i, row in enumerate(rows):
             tracked = self.requests[row.request.request_id]
             token = token_ids[i]
@@ -296,7 +297,8 @@ class LLMEngine:
             k = tracked.request.sampling_params.logprobs
             if k is not None:
                 lps = [TokenLogprob(token, chosen_lp[i],
-                                    dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {})]
+                                    dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {},
+                                    ranks[i])]
             try:
                 outputs.append(self._accept_token(tracked, token, lps))
             except Exception as e:  # noqa: BLE001 - its stop check or text: it alone ends

@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TokenLogprob:
-    """The chosen token's logprob and the top-n alternatives (token id → logprob)."""
+    """The chosen token's logprob, its 1-based rank in the model's distribution (1 = most
+    likely; 0 = unknown) and the top-n alternatives (token id → logprob)."""
 
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    rank: int = 0
 
 
 @dataclass

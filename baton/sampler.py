@@ -29,11 +29,14 @@ class SamplerOutput(NamedTuple):
     top_logprobs: None when no row asked for logprobs, else (ids [B, k] int64,
     logprobs [B, k] float32), sorted by descending logprob, where k is the largest
     `logprobs` asked for in the batch; a row that asked for fewer uses its first columns.
+    ranks: None when no row asked for logprobs, else [B] int64: 1 + the number of tokens
+    whose raw logit is strictly above the sampled token's (1 = the most likely token).
     """
 
     token_ids: Tensor
     logprobs: Tensor
     top_logprobs: tuple[Tensor, Tensor] | None
+    ranks: Tensor | None = None
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -60,7 +63,12 @@ class Sampler:
             token_ids = torch.where(mask, token_ids, sampled)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [B, 1]
         logprobs = (logits.gather(1, token_ids[:, None]) - lse).squeeze(1)
-        return SamplerOutput(token_ids, logprobs, _top_logprobs(logits, lse, params))
+        top = _top_logprobs(logits, lse, params)
+        ranks = None
+        if top is not None:
+            chosen = logits.gather(1, token_ids[:, None])
+            ranks = (logits > chosen).sum(dim=-1) + 1
+        return SamplerOutput(token_ids, logprobs, top, ranks)
 
 
 def _sample(logits: Tensor, params: list[SamplingParams],

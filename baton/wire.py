@@ -76,15 +76,15 @@ def seed_for_index(seed: int | None, index: int) -> int | None:
 
 
 def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprobs:
-    """Proto of one token's logprobs; `rank` stays 0 (the engine does not compute it)."""
+    """Proto of one token's logprobs (rank 0 = unknown)."""
     top = sorted(lp.top.items(), key=lambda kv: -kv[1])
     return common_pb2.TokenLogprobs(
-        token_id=lp.token_id, logprob=lp.logprob,
+        token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
         top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in top])
 
 
 def logprob_from_proto(p: common_pb2.TokenLogprobs) -> TokenLogprob:
-    return TokenLogprob(p.token_id, p.logprob, {t.token_id: t.logprob for t in p.top})
+    return TokenLogprob(p.token_id, p.logprob, {t.token_id: t.logprob for t in p.top}, p.rank)
 
 
 def worker_stats(engine: LLMEngine, role: int, worker_id: str, layout: common_pb2.KVLayout,

@@ -65,6 +65,9 @@ def test_sampling_outputs_logprobs_stop_and_n(tiny_llama):
     for c in out.outputs:
         assert len(c.logprobs) == len(c.token_ids) == 5
         assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in c.logprobs)
+        for lp in c.logprobs:  # rank: 1 + tokens above the sampled one (top-3 tells ranks 1-3)
+            above = sum(v > lp.logprob for v in lp.top.values())
+            assert lp.rank >= 1 and (lp.rank == above + 1 if lp.rank <= 3 else above == 3)
     again = llm.generate([[5, 6, 7]], params)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
     # A stop string cuts the text; finish_reason says stop and stop_reason names it.

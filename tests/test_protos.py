@@ -113,3 +113,13 @@ def test_round_trip_of_the_hand_over_messages():
     ))
     assert fin.WhichOneof("kind") == "finished"
     assert fin.finished.WhichOneof("stop_reason") == "stop_token_id"
+
+
+def test_token_logprobs_round_trip_keeps_rank_and_top():
+    from baton.outputs import TokenLogprob
+    from baton.wire import logprob_from_proto, logprob_to_proto
+
+    lp = TokenLogprob(token_id=7, logprob=-1.25, top={3: -0.5, 7: -1.25}, rank=2)
+    p = logprob_to_proto(lp)
+    assert [t.token_id for t in p.top] == [3, 7]  # most likely first
+    assert logprob_from_proto(p) == lp

@@ -173,3 +173,15 @@ def test_top_k_top_p_keeps_ties_and_the_top_token():
     out = apply_top_k_top_p(logits, torch.tensor([1, 4]), torch.tensor([1.0, 1e-6]))
     assert torch.isfinite(out[0, :2]).all() and torch.isinf(out[0, 2:]).all()
     assert torch.isfinite(out[1, 0]) and torch.isinf(out[1, 1:]).all()
+
+
+def test_rank_of_the_sampled_token_in_the_raw_distribution():
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(9)) * 3
+    params = [SamplingParams(temperature=1.5, logprobs=1)] * 5 + [SamplingParams(logprobs=1)]
+    gens = [make_generator(s) for s in range(6)]
+    out = sampler(logits, params, gens)
+    order = logits.argsort(dim=-1, descending=True)  # no ties among random floats
+    expected = (order == out.token_ids[:, None]).nonzero()[:, 1] + 1
+    assert torch.equal(out.ranks, expected)
+    assert out.ranks[5] == 1  # greedy row: the most likely token
+    assert sampler(logits, [SamplingParams()] * 6, [None] * 6).ranks is None
