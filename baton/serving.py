@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+
+logger = logging.getLogger(__name__)
 
 # One set of channel/server options for every internal gRPC hop (KV chunks stay ≤ 2 MiB).
 # Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): a peer restarted on
@@ -144,7 +147,38 @@ def bind(server: grpc.aio.Server, config: ServerConfig) -> tuple[int, str]:
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"could not bind {config.host}:{config.port}")
-    return port, config.advertise_address or f"{config.host}:{port}"
+    return port, advertised_address(config.host, port, config.advertise_address)
+
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_address(host: str, port: int, advertise: str | None = None) -> str:
+    """The host:port peers dial: `advertise` when given, else host:port. A wildcard bind
+    (0.0.0.0, ::) cannot be dialled, so it advertises this machine's primary address instead
+    (the source address of its default route). IPv6 literals are bracketed."""
+    if advertise:
+        return advertise
+    if host in _WILDCARDS:
+        host = _primary_address(ipv6=":" in host)
+        logger.warning("bound to a wildcard address without --advertise-address: "
+                       "advertising %s", host)
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _primary_address(ipv6: bool) -> str:
+    family = socket.AF_INET6 if ipv6 else socket.AF_INET
+    probe = ("2001:db8::1", 9) if ipv6 else ("192.0.2.1", 9)  # documentation ranges
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(probe)  # UDP connect picks a route and sends nothing
+            return s.getsockname()[0]
+    except OSError:  # no default route (an isolated namespace): the host name's address
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "::1" if ipv6 else "127.0.0.1"
 
 
 def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:

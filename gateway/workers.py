@@ -113,7 +113,9 @@ def read_workers_file(path: str) -> dict[str, list[str]]:
 
 
 async def resolve(spec: str) -> list[str]:
-    """host:port → one 'ip:port' per IPv4 address of host (an IP literal is kept as is)."""
+    """host:port → one 'ip:port' per address of host (an IP literal is kept as is). IPv4
+    addresses when the name has any (a dual-stack name such as localhost is one worker, not
+    two), else its IPv6 ones as '[ip]:port'."""
     host, port = split_host_port(spec)
     try:
         ipaddress.ip_address(host)
@@ -121,8 +123,9 @@ async def resolve(spec: str) -> list[str]:
     except ValueError:
         pass
     infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    return sorted({f"{info[4][0]}:{port}" for info in infos})
+        host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM)
+    v4 = {f"{i[4][0]}:{port}" for i in infos if i[0] == socket.AF_INET}
+    return sorted(v4 or {f"[{i[4][0]}]:{port}" for i in infos if i[0] == socket.AF_INET6})
 
 
 class WorkerPool:

@@ -79,3 +79,17 @@ def test_worker_requests_name_no_model_or_file(message):
     suspicious = [n for n in names(message.DESCRIPTOR)
                   if any(w in n for w in ("model", "path", "file", "folder", "weights"))]
     assert not suspicious
+
+
+def test_wildcard_bind_advertises_a_dialable_address():
+    """A worker bound to 0.0.0.0 without --advertise-address must not tell peers to dial
+    0.0.0.0; an explicit address wins; IPv6 literals are bracketed."""
+    import ipaddress
+
+    from baton.serving import advertised_address
+
+    host, _, port = advertised_address("0.0.0.0", 5005).rpartition(":")
+    assert port == "5005" and not ipaddress.ip_address(host).is_unspecified
+    assert advertised_address("0.0.0.0", 5005, "decode-0:50051") == "decode-0:50051"
+    assert advertised_address("::1", 7) == "[::1]:7"
+    assert advertised_address("127.0.0.1", 7) == "127.0.0.1:7"

@@ -58,6 +58,16 @@ async def test_resolve_names_to_every_a_record(monkeypatch):
     assert await resolve("decode-svc:50051") == ["10.0.0.1:50051", "10.0.0.2:50051"]
 
 
+async def test_resolve_ipv6_only_names_and_literals(monkeypatch):
+    assert await resolve("[fd00::7]:80") == ["[fd00::7]:80"]
+
+    def fake_getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
+                for ip in ("fd00::2", "fd00::1")]
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    assert await resolve("decode-v6:50051") == ["[fd00::1]:50051", "[fd00::2]:50051"]
+
+
 def test_workers_file(tmp_path):
     yml = tmp_path / "w.yaml"
     yml.write_text("decode: ['127.0.0.1:1', 'decode-svc:2']\nprefill: ['127.0.0.1:3']\n")
