@@ -54,6 +54,7 @@ class ModelRunner:
         return (s.num_layers * 2 * block_size * s.num_kv_heads * s.head_size
                 * torch.empty(0, dtype=model.dtype).element_size())
 
+    @torch.inference_mode()  # no autograd bookkeeping on any op of the step
     def execute(self, batch: list[ScheduledRequest]) -> tuple[list[ScheduledRequest],
                                                               SamplerOutput | None]:
         """Run one step. Returns the rows that sampled (in output order) and their samples."""
