@@ -182,6 +182,10 @@ class KVCacheManager:
                                              self.hash_fn)
         return entry.hashes
 
+    def block_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
+        """Chained hashes of the request's full blocks of `token_ids` (memoized per request)."""
+        return self._hashes(request_id, token_ids)
+
     def get_computed_blocks(
         self, request_id: str, token_ids: Sequence[int]
     ) -> tuple[list[Block], int]:

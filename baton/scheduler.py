@@ -32,6 +32,7 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._pending: set[int] | None = None  # block hashes this step computes (lazy)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -52,6 +53,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        self._pending = None
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -75,10 +77,37 @@ class Scheduler:
                 return False
         return True
 
+    def _pending_hashes(self, scheduled: list[ScheduledRequest]) -> set[int]:
+        """Hashes of the full blocks this step's prefill rows compute (not yet cached)."""
+        if self._pending is None:
+            self._pending = set()
+            for s in scheduled:
+                if s.num_new_tokens > 1:
+                    self._add_pending(s.request, s.request.num_computed_tokens, s.num_new_tokens)
+        return self._pending
+
+    def _add_pending(self, req: Request, start: int, n: int) -> None:
+        bs = self.kv.block_size
+        hashes = self.kv.block_hashes(req.request_id, req.all_token_ids)
+        self._pending.update(hashes[start // bs:(start + n) // bs])
+
+    def _defer_for_inflight_prefix(self, req: Request, num_computed: int,
+                                   scheduled: list[ScheduledRequest]) -> bool:
+        """True when the block right after req's cache hit is being computed this step by
+        another request (requests of one agent's fan-out arriving together): req waits one
+        step and takes it as a cache hit, instead of computing the same prefix again."""
+        if not self.kv.enable_prefix_caching:
+            return False
+        hashes = self.kv.block_hashes(req.request_id, req.all_token_ids)
+        nxt = num_computed // self.kv.block_size
+        return nxt < len(hashes) and hashes[nxt] in self._pending_hashes(scheduled)
+
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
         place) so smaller requests behind it still run, for at most `max_bypass_s`: once a
-        skipped request has waited that long for blocks, admission stops behind it."""
+        skipped request has waited that long for blocks, admission stops behind it. One
+        whose next uncached block another request computes this step waits for it
+        (`_defer_for_inflight_prefix`)."""
         skipped: list[Request] = []
         now = time.monotonic()
         try:
@@ -87,8 +116,14 @@ class Scheduler:
                 try:
                     hits, num_computed = self.kv.get_computed_blocks(req.request_id,
                                                                      req.all_token_ids)
+                    if self._defer_for_inflight_prefix(req, num_computed, scheduled):
+                        skipped.append(req)
+                        continue
                     n = self._num_new_tokens(req, num_computed, budget)
                     blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
+                    if blocks is not None and self.kv.enable_prefix_caching:
+                        self._pending_hashes(scheduled)
+                        self._add_pending(req, num_computed, n)
                 except Exception as e:  # noqa: BLE001 - the engine ends this request alone
                     raise AdmissionError(req, e) from e
                 if blocks is None:

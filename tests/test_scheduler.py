@@ -11,8 +11,8 @@ def test_token_budget_and_per_request_chunk_cap(tiny_llama):
     e = _engine(tiny_llama, block_size=4, num_blocks=64, max_num_batched_tokens=20,
                 long_prefill_token_threshold=8)
     p = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    for i in range(3):
-        e.add_request(str(i), list(range(3, 33)), p)
+    for i in range(3):  # distinct first tokens: no shared prefix to wait for
+        e.add_request(str(i), [3 + i] + list(range(10, 39)), p)
     scheduled, _ = e.scheduler.schedule()
     assert [s.num_new_tokens for s in scheduled] == [8, 8, 4]  # cap 8, budget 20
 
@@ -82,3 +82,20 @@ def test_blocked_head_is_not_starved_after_max_bypass(tiny_llama):
         order.extend(sorted(scheduled - set(order)))
     assert order.index("huge") < order.index("small")
     assert e.kv.num_free_blocks == e.kv.num_blocks
+
+
+
+def test_requests_sharing_an_uncached_prefix_compute_it_once(tiny_llama):
+    """An agent's fan-out: prompts with one uncached 48-token prefix arrive together. The later
+    ones wait one step and take the prefix as a cache hit instead of computing it again; the
+    outputs are those of a run without prefix caching."""
+    prefix = list(range(3, 51))  # 3 blocks of 16
+    prompts = [prefix + [60, 61, 62], prefix + [70, 71], prefix + [80]]
+    p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm = LLM(str(tiny_llama), num_blocks=64)
+    shared = llm.generate(prompts, p)
+    assert [o.num_cached_tokens for o in shared] == [0, 48, 48]
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    plain = LLM(str(tiny_llama), num_blocks=64, enable_prefix_caching=False).generate(prompts, p)
+    assert [o.output_token_ids for o in shared] == [o.output_token_ids for o in plain]
+    assert [o.num_cached_tokens for o in plain] == [0, 0, 0]
