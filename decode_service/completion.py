@@ -96,7 +96,7 @@ class Completion:
         except Exception as e:  # a bug: assume a transfer may still be writing
             log.exception("remote prefill crashed", extra={"request_id": rid})
             result = RemoteResult(False, False, repr(e), deadline=time.monotonic()
-                                  + w.config.prefill_timeout_seconds)
+                                  + w.config.prefill_max_seconds)
         finally:
             w.metrics.remote_inflight.dec()
         self.remote = result

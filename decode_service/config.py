@@ -21,10 +21,19 @@ class DecodeConfig:
     """transport: how KV blocks arrive ("nixl" | "grpc"; "inproc" for tests).
     prefill_address: prefill worker used when a request names none (None = prefill locally).
     min_remote_tokens: conditional disaggregation: an uncached prompt suffix shorter than this
-    is prefilled here, a longer one on a prefill worker.
+    is prefilled here, a longer one on a prefill worker. Small (32) on purpose: a local
+    prefill runs inside this worker's decode steps and stalls every running sequence for its
+    length (a 255-token suffix cost ~1 s of ITL on a CPU core), and a turn prefilled here is
+    missing from the prefill worker's prefix cache, so the session's next long turn makes it
+    recompute those tokens (cached_tokens then falls back to the shared system prompt).
     on_prefill_failure: "recompute" (prefill locally from this worker's cached prefix) or
     "fail" (end the request with an error) when a remote prefill fails or times out.
-    prefill_timeout_seconds: budget of one Prefill call (the prefill worker stops by then).
+    prefill_timeout_seconds: stall budget of one Prefill call: it is given up (Abort, then
+    recompute or fail) once the prefill worker's engine has run no forward step for this
+    long, measured by polling its GetStats `num_steps`. A queue of long prefills ahead of
+    this one does not end it while the prefill worker keeps stepping (a fixed deadline did,
+    whatever the queue). prefill_max_seconds: hard cap of one Prefill call, sent as its
+    timeout_seconds (the prefill worker stops by then; NIXL quarantines last until then).
     kv_wait_seconds: after Prefill answered OK, how long the receiver may take to report
     every block written. abort_timeout_seconds / handshake_timeout_seconds: those calls.
     quarantine_grace_seconds: blocks whose transfer could not be confirmed stopped are
@@ -37,9 +46,10 @@ class DecodeConfig:
     served_model_name: str | None = None
     transport: str = "nixl"
     prefill_address: str | None = None
-    min_remote_tokens: int = 256
+    min_remote_tokens: int = 32
     on_prefill_failure: str = "recompute"
     prefill_timeout_seconds: float = 60.0
+    prefill_max_seconds: float = 600.0
     kv_wait_seconds: float = 10.0
     abort_timeout_seconds: float = 5.0
     handshake_timeout_seconds: float = 5.0
@@ -54,8 +64,8 @@ class DecodeConfig:
             raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
         if self.min_remote_tokens < 1:
             raise ValueError("min_remote_tokens must be ≥ 1")
-        for name in ("prefill_timeout_seconds", "kv_wait_seconds", "abort_timeout_seconds",
-                     "handshake_timeout_seconds"):
+        for name in ("prefill_timeout_seconds", "prefill_max_seconds", "kv_wait_seconds",
+                     "abort_timeout_seconds", "handshake_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.quarantine_grace_seconds < 0:
@@ -76,9 +86,12 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     g = p.add_argument_group("decode")
     g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"])
     g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
-    g.add_argument("--min-remote-tokens", type=int, default=256)
+    g.add_argument("--min-remote-tokens", type=int, default=32)
     g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"])
-    g.add_argument("--prefill-timeout-seconds", type=float, default=60.0)
+    g.add_argument("--prefill-timeout-seconds", type=float, default=60.0,
+                   help="give a remote prefill up after this long without prefill progress")
+    g.add_argument("--prefill-max-seconds", type=float, default=600.0,
+                   help="hard cap of one remote prefill, queue included")
     g.add_argument("--kv-wait-seconds", type=float, default=10.0)
     g.add_argument("--abort-timeout-seconds", type=float, default=5.0)
     g.add_argument("--handshake-timeout-seconds", type=float, default=5.0)
@@ -92,7 +105,8 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
             served_model_name=a.served_model_name, transport=a.transport,
             prefill_address=a.prefill_address, min_remote_tokens=a.min_remote_tokens,
             on_prefill_failure=a.on_prefill_failure,
-            prefill_timeout_seconds=a.prefill_timeout_seconds, kv_wait_seconds=a.kv_wait_seconds,
+            prefill_timeout_seconds=a.prefill_timeout_seconds,
+            prefill_max_seconds=a.prefill_max_seconds, kv_wait_seconds=a.kv_wait_seconds,
             abort_timeout_seconds=a.abort_timeout_seconds,
             handshake_timeout_seconds=a.handshake_timeout_seconds,
             quarantine_grace_seconds=a.quarantine_grace_seconds,

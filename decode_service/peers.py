@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -40,6 +41,8 @@ class PrefillPeers:
         self.handshake_timeout_s, self.call_timeout_s = handshake_timeout_s, call_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._peers: dict[str, PrefillPeer] = {}
+        self._steps: dict[str, tuple[float, int]] = {}  # address -> (when, num_steps)
+        self._steps_calls: dict[str, asyncio.Future] = {}
 
     async def get(self, address: str) -> PrefillPeer:
         """A handshaken peer. Raises Rejected (FAILED_PRECONDITION or UNAVAILABLE)."""
@@ -82,6 +85,28 @@ class PrefillPeers:
             log.warning("prefill Abort failed: %s", e.code().name,
                         extra={"request_id": request_id, "peer": peer.address})
             return False
+
+    async def num_steps(self, peer: PrefillPeer, timeout_s: float,
+                        max_age_s: float = 0.0) -> int | None:
+        """The prefill engine's step count (GetStats), or None when it did not answer.
+        One GetStats per peer at a time, and an answer younger than `max_age_s` is reused, so
+        many remote prefills waiting on one peer do not each poll it."""
+        seen = self._steps.get(peer.address)
+        if seen is not None and time.monotonic() - seen[0] <= max_age_s:
+            return seen[1]
+        task = self._steps_calls.get(peer.address)
+        if task is None or task.done():
+            task = self._steps_calls[peer.address] = asyncio.ensure_future(
+                self._fetch_steps(peer, timeout_s))
+        return await asyncio.shield(task)
+
+    async def _fetch_steps(self, peer: PrefillPeer, timeout_s: float) -> int | None:
+        try:
+            stats = await peer.stub.GetStats(common_pb2.GetStatsRequest(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - any failure is "no answer" (a closed channel too)
+            return None
+        self._steps[peer.address] = (time.monotonic(), stats.num_steps)
+        return stats.num_steps
 
     async def release(self, peer: PrefillPeer, request_id: str) -> bool:
         """ReleaseBlocks; False when the lease had already ended (or the call failed)."""

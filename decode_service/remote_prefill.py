@@ -4,7 +4,9 @@
     RemotePrefill(plan).run():
       1. receiver.expect(transfer_id, plan.dst_block_ids)
       2. Prefill(prompt, num_cached_on_decode, dst_block_ids, endpoint) ─▶ prefill worker,
-         raced against the request's abort event, with a deadline
+         raced against the request's abort event and a progress watchdog: it is given up
+         when the prefill worker's engine runs no step (GetStats `num_steps`) for
+         prefill_timeout_seconds, however long its queue; prefill_max_seconds caps the call
       3. OK → poll the receiver until DONE (≤ kv_wait_seconds): every block has landed
       4. always: receiver.forget(transfer_id)
     → RemoteResult(ok, response, error, safe, rejected, aborted)
@@ -71,7 +73,7 @@ class RemotePrefill:
     async def run(self) -> RemoteResult:
         """Never raises for prefill-side trouble; the result says what happened."""
         cfg, plan = self.config, self.plan
-        timeout = cfg.prefill_timeout_seconds
+        timeout = cfg.prefill_max_seconds
         self.receiver.expect(self.transfer_id, plan.dst_block_ids,
                              timeout_s=timeout + cfg.kv_wait_seconds)
         request = prefill_pb2.PrefillRequest(
@@ -96,17 +98,24 @@ class RemotePrefill:
         return result
 
     async def _call(self, request: prefill_pb2.PrefillRequest) -> RemoteResult:
-        call = self.peer.stub.Prefill(request, timeout=self.config.prefill_timeout_seconds)
+        call = self.peer.stub.Prefill(request, timeout=self.config.prefill_max_seconds)
         reply = asyncio.ensure_future(_await(call))
         stop = asyncio.ensure_future(self.aborted.wait())
+        stalled = asyncio.ensure_future(self._stalled())
         try:
-            await asyncio.wait({reply, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reply, stop, stalled}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
-        if not reply.done():  # aborted first: stop the call, make sure nothing still writes
+            stalled.cancel()
+        if not reply.done():  # aborted or stalled: stop the call, make sure nothing writes
             call.cancel()
             reply.cancel()
             confirmed = await self.peers.abort(self.peer, self.rid)
+            if stalled.done() and not stalled.cancelled() and not self.aborted.is_set():
+                self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
+                return RemoteResult(False, confirmed, "Prefill call failed: DEADLINE_EXCEEDED "
+                                    f"the prefill worker ran no step for "
+                                    f"{self.config.prefill_timeout_seconds:g} s")
             return RemoteResult(False, confirmed, "aborted while waiting for remote KV",
                                 aborted=True)
         try:
@@ -119,6 +128,24 @@ class RemotePrefill:
             return RemoteResult(False, True, f"prefill worker answered "
                                 f"{_STATUS.Name(resp.status)}: {resp.error}", response=resp)
         return RemoteResult(True, True, response=resp)
+
+    async def _stalled(self) -> None:
+        """Returns once the prefill worker's engine has run no forward step (or GetStats has
+        not answered) for prefill_timeout_seconds; runs forever while it keeps stepping."""
+        budget = self.config.prefill_timeout_seconds
+        pause = min(2.0, budget / 4)
+        last_steps, last_progress = None, time.monotonic()
+        while True:
+            await asyncio.sleep(pause)
+            steps = await self.peers.num_steps(self.peer, timeout_s=max(pause, 0.5),
+                                               max_age_s=pause / 2)
+            now = time.monotonic()
+            if steps is not None and steps != last_steps:
+                last_steps, last_progress = steps, now
+            if now - last_progress >= budget:
+                log.warning("prefill worker made no progress", extra={
+                    "request_id": self.rid, "peer": self.peer.address, "seconds": budget})
+                return
 
     async def _rpc_failed(self, e: BaseException) -> RemoteResult:
         if not isinstance(e, grpc.aio.AioRpcError):

@@ -41,6 +41,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
         return common_pb2.AbortResponse(found=await self.worker.abort(request.request_id))
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
-        return await self.worker.ae.call(lambda eng: worker_stats(
+        ae = self.worker.ae
+        stats = await ae.call(lambda eng: worker_stats(
             eng, common_pb2.WORKER_ROLE_DECODE, self.worker_id, self.layout, self.kv_epoch,
             request.include_block_hashes))
+        stats.num_steps = ae.num_steps
+        return stats

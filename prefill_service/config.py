@@ -32,7 +32,7 @@ class PrefillConfig:
     transport: str = "nixl"
     lease_seconds: float = 30.0
     max_prompt_tokens: int = 32768
-    timeout_seconds: float = 60.0
+    timeout_seconds: float = 600.0
     tombstone_seconds: float = 120.0
 
     def __post_init__(self) -> None:
@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> PrefillConfig:
     g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"])
     g.add_argument("--lease-seconds", type=float, default=30.0)
     g.add_argument("--max-prompt-tokens", type=int, default=32768)
-    g.add_argument("--timeout-seconds", type=float, default=60.0)
+    g.add_argument("--timeout-seconds", type=float, default=600.0,
+                   help="cap of one Prefill call (queue, compute, transfer)")
     a = p.parse_args(argv)
     try:
         return PrefillConfig(

@@ -67,6 +67,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         return prefill_pb2.ReleaseBlocksResponse(released=released)
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
-        return await self.worker.ae.call(lambda eng: worker_stats(
+        ae = self.worker.ae
+        stats = await ae.call(lambda eng: worker_stats(
             eng, common_pb2.WORKER_ROLE_PREFILL, self.worker_id, self.layout, self.kv_epoch,
             request.include_block_hashes))
+        stats.num_steps = ae.num_steps
+        return stats

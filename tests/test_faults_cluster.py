@@ -61,7 +61,8 @@ class Workers:
                 log_dir),
             "decode": Proc("decode", "decode_service", [
                 *common, "--port", str(dp), "--min-remote-tokens", "16",
-                "--prefill-timeout-seconds", "5", "--quarantine-grace-seconds", "0.5",
+                "--prefill-timeout-seconds", "5", "--prefill-max-seconds", "5",
+                "--quarantine-grace-seconds", "0.5",
                 "--abort-timeout-seconds", "1", "--handshake-timeout-seconds", "1",
                 "--metrics-port", "0"], log_dir),
             "gateway": Proc("gateway", "gateway", [

@@ -95,10 +95,12 @@ async def silent_prefill():
 @pytest.mark.parametrize("transport", ["nixl", "grpc"])
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 async def test_silent_prefill_blocks_come_back(cluster, model, silent_prefill, transport, policy):
-    """Case 3: no reply, no transfer: the reservation returns after the timeout (NIXL:
-    quarantined until the prefill deadline + grace, since a late write cannot be refused)."""
+    """Case 3: no reply, no transfer, no progress (GetStats unanswered): the call is given up
+    after the stall budget and the reservation returns (NIXL: quarantined until the prefill
+    deadline, prefill_max_seconds, + grace, since a late write cannot be refused)."""
     decode = await cluster.decode(model, transport, silent_prefill, on_prefill_failure=policy,
-                                  prefill_timeout_seconds=0.5, abort_timeout_seconds=0.2,
+                                  prefill_timeout_seconds=0.5, prefill_max_seconds=1.0,
+                                  abort_timeout_seconds=0.2,
                                   quarantine_grace_seconds=0.3)
     client = cluster.client(decode)
     prompt = prompt_of(40, 1)
@@ -113,6 +115,67 @@ async def test_silent_prefill_blocks_come_back(cluster, model, silent_prefill, t
     assert sample(decode, "baton_decode_quarantines_total") == (transport == "nixl")
     await pools_whole(decode, timeout=5)
     assert sample(decode, "baton_decode_quarantined_requests") == 0
+
+
+def _slow_steps(server, seconds: float, gate=None):
+    """Make a prefill server's engine take `seconds` per step (or block on `gate`)."""
+    engine = server.engine
+    real = engine.step
+
+    def step():
+        if gate is not None:
+            gate.wait()
+        else:
+            import time
+            time.sleep(seconds)
+        return real()
+
+    engine.step = step
+
+
+@pytest.mark.parametrize("transport", ["nixl", "grpc"])
+async def test_slow_prefill_that_keeps_stepping_is_not_cut_off(cluster, model, transport):
+    """Issue 5 (c): a remote prefill that takes far longer than prefill_timeout_seconds
+    (a long queue on a slow prefill worker) completes remotely while the prefill engine keeps
+    stepping; under the old fixed deadline the call hit DEADLINE_EXCEEDED and was recomputed."""
+    prefill = await cluster.prefill(model, transport, engine=engine_config(
+        model, long_prefill_token_threshold=8, max_num_batched_tokens=8))
+    _slow_steps(prefill, 0.2)  # 48 tokens in 8-token chunks: >= 6 steps, >= 1.2 s
+    decode = await cluster.decode(model, transport, prefill.address,
+                                  prefill_timeout_seconds=0.5, prefill_max_seconds=30)
+    client = cluster.client(decode)
+    prompt = prompt_of(48, 11)
+    t0 = asyncio.get_running_loop().time()
+    res = await client.generate(prompt)
+    assert asyncio.get_running_loop().time() - t0 > 1.0  # longer than the stall budget
+    assert res.output == hf_greedy(model, prompt, 8)
+    assert res.fin.timings.remote_prefill, res.fin
+    assert sample(decode, "baton_decode_remote_prefills_total", outcome="ok") == 1
+    assert sample(decode, "baton_decode_remote_prefills_total", outcome="recompute") == 0
+    await pools_whole(prefill, decode)
+
+
+async def test_prefill_that_stops_stepping_is_given_up(cluster, model):
+    """The other side of the progress watchdog: a prefill engine that runs no step for
+    prefill_timeout_seconds is given up (Abort) and the prompt recomputed locally."""
+    import threading
+    gate = threading.Event()
+    prefill = await cluster.prefill(model, "grpc")
+    _slow_steps(prefill, 0.0, gate)
+    decode = await cluster.decode(model, "grpc", prefill.address,
+                                  prefill_timeout_seconds=0.6, prefill_max_seconds=30)
+    client = cluster.client(decode)
+    prompt = prompt_of(40, 12)
+    t0 = asyncio.get_running_loop().time()
+    try:
+        res = await client.generate(prompt)
+    finally:
+        gate.set()
+    elapsed = asyncio.get_running_loop().time() - t0
+    assert res.output == hf_greedy(model, prompt, 8) and not res.fin.timings.remote_prefill
+    assert elapsed < 10, elapsed  # the stall budget, not the 30 s cap
+    assert sample(decode, "baton_decode_remote_prefills_total", outcome="recompute") == 1
+    await pools_whole(prefill, decode)
 
 
 async def test_prefill_rejects_after_decode_reserved(cluster, model):

@@ -83,6 +83,7 @@ async def procs(model):
     m = ["--model", str(model), *ENGINE_ARGS, "--transport", "nixl"]
     decode = Proc(["decode_service"], [*m, "--metrics-port", "0", "--min-remote-tokens", "16",
                                        "--prefill-timeout-seconds", "3",
+                                       "--prefill-max-seconds", "3",
                                        "--quarantine-grace-seconds", "0.2"])
     prefills = [Proc(["tests.services.slow_prefill", seconds], m) for seconds in ("1.0", "60")]
     for p in (decode, *prefills):
@@ -134,6 +135,7 @@ async def test_prefill_killed_mid_transfer(procs, model):
     decode, (_, victim) = procs
     failing = await start_decode(model, "nixl", victim.address, on_prefill_failure="fail",
                                  quarantine_grace_seconds=0.2, prefill_timeout_seconds=3,
+                                 prefill_max_seconds=3,
                                  abort_timeout_seconds=1)
     client, fclient = Client(decode.address), Client(failing.address)
     try:
