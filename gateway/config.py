@@ -37,7 +37,8 @@ class RouterConfig:
     overload_load: a worker whose fresh reported load is at or above this is overloaded: a
     session leaves it when a worker below it exists. stale_after_s: stats older than this are
     ignored (the worker counts as neither loaded nor overloaded). kv_weight / load_weight:
-    score = kv_weight * (matched prefix blocks / prompt blocks) - load_weight * load.
+    score = kv_weight * (matched prefix blocks - the fewest any candidate matches) / (prompt
+    blocks - that fewest) - load_weight * load.
     capacity_hint: requests a worker takes before the gateway's own count of requests it
     started since the last stats reads as load 1. session_ttl_s / max_sessions: bound the
     session table. sent_index_blocks: block hashes remembered per worker of what the gateway

@@ -3,12 +3,16 @@
     request ──▶ session key? ──yes──▶ its worker healthy, not excluded, not overloaded? ──▶ stick
                      │ no / moved
                      ▼
-                score(w) = kv_weight * matched_prefix_blocks(w) / prompt_blocks
+                score(w) = kv_weight * (matched(w) - shared) / (prompt_blocks - shared)
                            - load_weight * load(w)              best score wins (ties rotate)
 
-- matched_prefix_blocks(w): leading block hashes of the prompt that w reported holding, or that
+- matched(w): leading block hashes of the prompt that w reported holding, or that
   the gateway itself sent to w (its "sent index": soft state that covers the gap between
   stats polls and workers that report no hashes). Hashes chain, so only a prefix can hit.
+- shared: the fewest blocks any candidate matches (a common system prompt): every choice
+  saves those, so only the rest tells the candidates apart. Dividing by the whole prompt
+  instead let a 1,344-token system prompt shrink a session's own 150-token lead to 0.09,
+  below any load difference, and the kv policy sent turns away from their cached context.
 - load(w) = w's reported load (when its stats are fresh, else 0: unknown is not saturated)
   + requests the gateway started on w since those stats / capacity_hint (bursts between polls).
 - A worker is overloaded only on fresh stats (load >= overload_load); stale or missing stats
@@ -182,13 +186,15 @@ class Router:
     def _best(self, role: str, pool: Sequence[WorkerView],
               block_hashes: Sequence[int]) -> tuple[WorkerView, int]:
         """Highest score; among equals the rotation decides (equal idle workers share load)."""
-        total = max(1, len(block_hashes))
         start = next(self._rotation[role]) % len(pool)
+        order = [pool[(start + i) % len(pool)] for i in range(len(pool))]
+        overlaps = [self.overlap(w, block_hashes) for w in order]
+        shared = min(overlaps)
+        rest = max(1, len(block_hashes) - shared)
         best, best_key, best_overlap = pool[0], None, 0
-        for i in range(len(pool)):
-            w = pool[(start + i) % len(pool)]
-            overlap = self.overlap(w, block_hashes)
-            score = self.config.kv_weight * overlap / total - self.config.load_weight * self.load(w)
+        for w, overlap in zip(order, overlaps):
+            score = self.config.kv_weight * (overlap - shared) / rest \
+                - self.config.load_weight * self.load(w)
             key = (not self.overloaded(w), score)
             if best_key is None or key > best_key:
                 best, best_key, best_overlap = w, key, overlap

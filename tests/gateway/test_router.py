@@ -151,3 +151,20 @@ def test_session_table_is_bounded_and_expires():
     assert r.num_sessions == 2 and r.session_of("a") is None
     assert r.expire_sessions(11.5) == 1  # "b" (t=1) is older than 10 s, "c" (t=2) is not
     assert r.session_of("c") == (A, None)
+
+
+def test_a_shared_system_prompt_does_not_drown_a_sessions_own_prefix():
+    """Issue 5: both workers hold the 84-block system prompt; A also holds the session's
+    previous turn (9 more blocks of a 100-block prompt). A's lead must outweigh a moderate
+    load difference (the old score, 93/100 vs 84/100, lost to 0.3 of load)."""
+    system, own = list(range(84)), list(range(1000, 1016))
+    prompt = system + own
+    decodes = [WorkerView(A, load=0.5, cached=set(system + own[:9])),
+               WorkerView(B, load=0.2, cached=set(system))]
+    for policy in (RoutingPolicy.KV, RoutingPolicy.SESSION):
+        d = router(policy).route("s-new", prompt, decodes, [], 0.0)
+        assert (d.decode, d.reason, d.overlap_blocks) == (A, "kv", 93)
+    # with nothing beyond the shared prefix anywhere, load decides
+    even = [WorkerView(A, load=0.5, cached=set(system)), WorkerView(B, load=0.2,
+                                                                     cached=set(system))]
+    assert router(RoutingPolicy.KV).route("", prompt, even, [], 0.0).decode == B
