@@ -2,7 +2,7 @@
 
     baton up [--model smollm2-135m] [--port 8000] [--num-prefill 1] [--num-decode 1]
              [--mode disaggregated|colocated] [--routing session|kv|round-robin]
-             [--transport nixl|grpc]
+             [--transport nixl|grpc] [--pin none|split]
 
 1. resolve the model once here (a registered model is converted on first use, not by every
    worker at once);
@@ -14,12 +14,17 @@
 4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
 5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
 A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
+`--pin split` pins workers to disjoint CPU sets (sched_setaffinity before exec), so one role
+cannot steal another's cores: disaggregated = prefill workers on the upper half of the CPUs
+this process may use, decode workers on the lower half; colocated = the CPUs dealt out over the
+workers in turn. The gateway stays unpinned. `--pin none` (default) leaves placement to the OS.
 Logs: one file per child in --log-dir (a temporary folder unless given).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import re
@@ -56,6 +61,7 @@ class Child:
     name: str
     argv: list[str]
     log_path: Path
+    cpus: frozenset[int] | None = None  # CPU affinity (None: unpinned)
     proc: subprocess.Popen | None = None
     port: int | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -63,7 +69,8 @@ class Child:
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab", buffering=0)
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True,
+                                     preexec_fn=functools.partial(_before_exec, self.cpus))
         threading.Thread(target=self._read_stdout, args=(log,), daemon=True).start()
 
     def _read_stdout(self, log) -> None:
@@ -99,6 +106,30 @@ def _die_with_parent() -> None:
         pass
 
 
+def _before_exec(cpus: frozenset[int] | None) -> None:
+    _die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
+             cpus: list[int] | None = None) -> dict[str, frozenset[int] | None]:
+    """Child name -> CPU set for `--pin` (None: unpinned). With one CPU nothing is pinned."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    names = [f"prefill-{i}" for i in range(num_prefill if mode == "disaggregated" else 0)]
+    names += [f"decode-{i}" for i in range(num_decode)]
+    if pin == "none" or len(cpus) < 2:
+        return {n: None for n in names}
+    if mode == "disaggregated":
+        half = len(cpus) // 2
+        decode, prefill = frozenset(cpus[:half]), frozenset(cpus[half:])
+        return {n: prefill if n.startswith("prefill") else decode for n in names}
+    workers = len(names)
+    if workers >= len(cpus):
+        return {n: frozenset([cpus[i % len(cpus)]]) for i, n in enumerate(names)}
+    return {n: frozenset(cpus[i::workers]) for i, n in enumerate(names)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
@@ -119,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-remote-tokens", type=int, default=None,
                    help="decode: shortest uncached suffix prefilled remotely")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--pin", choices=["none", "split"], default="none",
+                   help="split: pin prefill and decode workers to disjoint CPU sets")
     p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
@@ -163,6 +196,7 @@ class Cluster:
         self.decode: list[Child] = []
         self.gateway: Child | None = None
         self.stop_signal: int | None = None
+        self.cpus: dict[str, frozenset[int] | None] = {}
 
     def request_stop(self, sig: int, _frame=None) -> None:
         self.stop_signal = sig
@@ -171,21 +205,25 @@ class Cluster:
     def children(self) -> list[Child]:
         return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
 
-    def _child(self, name: str, role: str, args: list[str]) -> Child:
+    def _child(self, name: str, role: str, args: list[str],
+               cpus: frozenset[int] | None = None) -> Child:
         argv = [sys.executable, "-m", ROLE_MODULES[role], *args]
-        child = Child(name, argv, self.log_dir / f"{name}.log")
+        child = Child(name, argv, self.log_dir / f"{name}.log", cpus)
         child.start(self.env)
         return child
 
     def start(self) -> None:
         a = self.a
         workers = _worker_args(a)
+        self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
         if a.mode == "disaggregated":
-            self.prefill = [self._child(f"prefill-{i}", "prefill", workers)
+            self.prefill = [self._child(f"prefill-{i}", "prefill", workers,
+                                        self.cpus[f"prefill-{i}"])
                             for i in range(a.num_prefill)]
         decode_extra = [] if a.min_remote_tokens is None else \
             ["--min-remote-tokens", str(a.min_remote_tokens)]
-        self.decode = [self._child(f"decode-{i}", "decode", workers + decode_extra)
+        self.decode = [self._child(f"decode-{i}", "decode", workers + decode_extra,
+                                   self.cpus[f"decode-{i}"])
                        for i in range(a.num_decode)]
         deadline = time.monotonic() + a.startup_timeout
         self._wait_ready(self.prefill + self.decode, deadline)
@@ -263,6 +301,9 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     auth = f" -H {shlex.quote('Authorization: Bearer ' + a.api_key)}" if a.api_key else ""
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
         f"{len(cluster.decode)} decode worker(s), routing {a.routing}, transport {a.transport}"
+    pins = {n: sorted(c) for n, c in cluster.cpus.items() if c}
+    if pins:
+        roles += ", CPUs " + " ".join(f"{n}={','.join(map(str, c))}" for n, c in pins.items())
     return (f"[baton up] ready: {url}  ({roles})\n"
             f"[baton up] OpenAI base URL: {url}/v1   logs: {cluster.log_dir}\n"
             f"[baton up] try:\n"

@@ -28,7 +28,7 @@ from baton.bench.report import (
     write_records,
 )
 from baton.bench.runner import RunConfig, RunResult, run_workload
-from baton.bench.synthetic import SyntheticConfig, generate
+from baton.bench.synthetic import BurstsConfig, SyntheticConfig, bursts, generate
 from baton.bench.tokens import TokenCounter
 from baton.bench.workload import Scaling, Session, describe
 
@@ -38,7 +38,7 @@ DEFAULT_TRACE = {
     "swe-agent": "swe_agent_trajectories",
     "mooncake": "mooncake_fast25/conversation_trace.jsonl.gz",
 }
-WORKLOADS = ("tau-bench", "swe-agent", "mooncake", "agentx", "synthetic")
+WORKLOADS = ("tau-bench", "swe-agent", "mooncake", "agentx", "synthetic", "bursts")
 QUICK = dict(workload="synthetic", concurrency="2", duration=50.0, warmup=5.0, grace=5.0,
              synthetic_sessions=24, max_turns=5, max_output_tokens=16, block_tokens=16,
              time_scale=0.25, max_context_tokens=2048)
@@ -92,6 +92,8 @@ def load_workload(args, counter: TokenCounter) -> list[Session]:
                       max_turns=args.max_turns)
     if args.workload == "synthetic":
         return generate(SyntheticConfig(sessions=args.synthetic_sessions, seed=args.seed), scaling)
+    if args.workload == "bursts":
+        return bursts(BurstsConfig(sessions=args.synthetic_sessions, seed=args.seed), scaling)
     if args.workload == "agentx" and args.trace is None:
         raise SystemExit("--workload agentx needs --trace FILE_OR_DIR (WEKA/AgentX JSON)")
     path = args.trace or TRACES / DEFAULT_TRACE[args.workload]

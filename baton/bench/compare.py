@@ -4,14 +4,23 @@ Each configuration is started in turn (a local cluster via `baton up`, or the tr
 baseline), replayed with the same sessions and seed at the first `--concurrency` level, and
 stopped. Configurations and the reference each is compared with:
 
-    disaggregated   1 prefill + 1 decode worker, session routing      vs colocated
-    colocated       one worker doing both, with both cores (2 threads)  (reference)
-    session         disaggregated, 2 decode workers, session routing   vs round-robin
-    kv              disaggregated, 2 decode workers, KV-overlap routing vs round-robin
-    round-robin     disaggregated, 2 decode workers, round-robin        (reference)
+    disaggregated   1 prefill + 1 decode worker, session routing, the two     vs colocated
+                    pinned to disjoint CPU halves (`baton up --pin split`)
+    colocated       one worker doing both, unpinned, with all cores (--threads 2) (reference)
+    session         2 colocated workers, session routing                      vs round-robin
+    kv              2 colocated workers, KV-overlap routing                   vs round-robin
+    round-robin     2 colocated workers, round-robin                          (reference)
     hf              plain transformers, one request at a time, on a short slice
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.
+
+The routing configurations use colocated workers (each prefills its own requests, one CPU
+each) with the same bounded KV pool per worker (`--routing-num-blocks`, 640 blocks of 16
+tokens by default): a request routed away from the worker holding its session's prefix must
+recompute it, and round-robin, which spreads every session over every worker, needs every
+worker to hold every session (bounded memory: LRU thrash) where session/KV routing needs
+each to hold only its own. With a prefill worker in front instead, a routing miss costs only
+a KV pull from the prefill worker's cache, so routing barely shows there.
 
 Ratios are improvement factors (> 1 = better than the reference): reference / value for
 latencies, value / reference for throughput. `--urls name=URL,...` compares servers that are
@@ -24,7 +33,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from baton.bench.cli import add_run_args, add_workload_args, counter_for, load_workload
@@ -46,15 +55,29 @@ from baton.bench.runner import RunConfig, run_workload
 from baton.bench.workload import Session, describe
 
 _D, _C = "disaggregated", "colocated"
+ROUTING_NUM_BLOCKS = 640
 CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
-    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session"), "colocated"),
+    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session",
+                                 extra_args=("--pin", "split")), "colocated"),
     "colocated": (ServerSpec("colocated", mode=_C, routing="session",
                              extra_args=("--threads", "2")), None),
-    "session": (ServerSpec("session", mode=_D, routing="session", num_decode=2), "round-robin"),
-    "kv": (ServerSpec("kv", mode=_D, routing="kv", num_decode=2), "round-robin"),
-    "round-robin": (ServerSpec("round-robin", mode=_D, routing="round-robin", num_decode=2), None),
+    "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
+    "kv": (ServerSpec("kv", mode=_C, routing="kv", num_decode=2), "round-robin"),
+    "round-robin": (ServerSpec("round-robin", mode=_C, routing="round-robin", num_decode=2), None),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
+ROUTING = ("session", "kv", "round-robin")
+
+
+def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS) -> ServerSpec:
+    """The configuration's server; routing ones get pinned workers and the bounded pool."""
+    spec = CONFIGS[name][0]
+    if name in ROUTING:
+        spec = replace(spec, extra_args=spec.extra_args + (
+            "--pin", "split", "--num-blocks", str(routing_num_blocks)))
+    return spec
+
+
 SLICE = "baton-slice"
 
 
@@ -121,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-sessions", type=int, default=4)
     p.add_argument("--baseline-duration", type=float, default=120.0)
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--routing-num-blocks", type=int, default=ROUTING_NUM_BLOCKS,
+                   help="KV blocks per worker in the routing configurations (same for all)")
     add_workload_args(p)
     add_run_args(p)
     return p
@@ -135,7 +160,7 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
-    return [(n, CONFIGS[n][0], None) for n in names]
+    return [(n, spec_for(n, args.routing_num_blocks), None) for n in names]
 
 
 def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tuple[dict, dict]:

@@ -116,3 +116,66 @@ def generate(cfg: SyntheticConfig, scaling: Scaling) -> list[Session]:
                                     start_s=start * scaling.time_scale))
         start += float(rng.exponential(1.0 / cfg.session_rate))
     return sessions
+
+
+@dataclass(frozen=True)
+class BurstsConfig:
+    """Long-prefill bursts over running decodes (the disaggregated-vs-colocated ITL test).
+
+    Sessions alternate between two kinds, so a closed loop keeps both live at once:
+    - decoders: a short private prompt (`decode_prompt_tokens`), long outputs
+      (`decode_output_tokens`), `decode_turns` turns, each adding the reply + `growth_tokens`;
+    - bursts: `burst_turns` turns, each a fresh private prompt of ~`burst_prompt_tokens`
+      (nothing shared, nothing cached) with a tiny output (`burst_output_tokens`).
+    No think time: a burst arrives while decoders are mid-stream. Every ITL gap of a decoder
+    that overlaps a burst's prefill shows whether the prefill stalled its decode steps.
+    """
+
+    sessions: int = 32
+    decode_prompt_tokens: int = 96
+    decode_output_tokens: int = 64
+    decode_turns: int = 4
+    growth_tokens: int = 32
+    burst_prompt_tokens: int = 1536
+    burst_output_tokens: int = 4
+    burst_turns: int = 2
+    seed: int = 0
+
+
+def bursts(cfg: BurstsConfig, scaling: Scaling) -> list[Session]:
+    """`cfg.sessions` sessions (capped by scaling.max_sessions): decoder, burst, decoder, ...;
+    deterministic in `cfg.seed`. Block traces, `scaling.block_tokens` (16) tokens per id."""
+    rng = np.random.default_rng(cfg.seed)
+    block = scaling.block_tokens or 16
+    n = cfg.sessions if scaling.max_sessions is None else min(cfg.sessions, scaling.max_sessions)
+
+    def ids(num_tokens: int, base: int) -> tuple[int, ...]:
+        return tuple(base + i for i in range(math.ceil(num_tokens / block)))
+
+    sessions = []
+    for i in range(n):
+        base = (i + 1) * _SESSION_STRIDE
+        turns = []
+        if i % 2 == 0:
+            length = max(1, int(_lognormal(rng, cfg.decode_prompt_tokens, 0.3)))
+            for _ in range(cfg.decode_turns):
+                if not scaling.fits(length):
+                    break
+                out = scaling.output(cfg.decode_output_tokens)
+                turns.append(Turn(max_tokens=out, num_tokens=length,
+                                  block_ids=ids(length, base)))
+                length += out + cfg.growth_tokens
+            name = f"dec-{i}"
+        else:
+            for k in range(cfg.burst_turns):
+                length = max(1, int(_lognormal(rng, cfg.burst_prompt_tokens, 0.2)))
+                if not scaling.fits(length):
+                    continue
+                turns.append(Turn(max_tokens=scaling.output(cfg.burst_output_tokens),
+                                  num_tokens=length,
+                                  block_ids=ids(length, base + k * (_SESSION_STRIDE // 8))))
+            name = f"burst-{i}"
+        if turns:
+            sessions.append(Session(name=name, turns=tuple(turns), block_tokens=block,
+                                    block_scope=BlockScope.GLOBAL, start_s=0.0))
+    return sessions

@@ -57,3 +57,17 @@ def test_server_that_exits_is_an_error(tmp_path):
     with pytest.raises(ServerStartError, match="exited with 3"):
         with running_server(_Exits("broken"), "m", tmp_path / "log", timeout_s=20):
             pass
+
+
+def test_compare_routing_configs_are_colocated_pinned_and_bounded():
+    from baton.bench.compare import spec_for
+    for name in ("session", "kv", "round-robin"):
+        argv = spec_for(name, 512).argv("m", 1)
+        assert argv[argv.index("--mode") + 1] == "colocated"
+        assert argv[argv.index("--num-decode") + 1] == "2"
+        assert argv[argv.index("--num-blocks") + 1] == "512"  # the same pool for every policy
+        assert argv[argv.index("--pin") + 1] == "split"
+    disagg = spec_for("disaggregated").argv("m", 1)
+    assert disagg[disagg.index("--pin") + 1] == "split"
+    coloc = spec_for("colocated").argv("m", 1)
+    assert "--pin" not in coloc and coloc[coloc.index("--threads") + 1] == "2"

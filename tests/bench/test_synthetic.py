@@ -37,3 +37,22 @@ def test_block_tokens_shrinks_prompts():
     assert small[0].block_tokens == 16
     assert small[0].turns[0].num_tokens < big[0].turns[0].num_tokens / 2
     assert all(t.num_tokens <= 400 for s in small for t in s.turns)
+
+
+def test_bursts_alternate_decoders_and_fresh_long_prompts():
+    from baton.bench.synthetic import BurstsConfig, bursts
+    sessions = bursts(BurstsConfig(sessions=6, seed=2), Scaling(block_tokens=16))
+    assert bursts(BurstsConfig(sessions=6, seed=2), Scaling(block_tokens=16)) == sessions
+    decoders, burst = sessions[0::2], sessions[1::2]
+    assert [s.name.split("-")[0] for s in sessions] == ["dec", "burst"] * 3
+    for s in decoders:
+        assert all(t.max_tokens == 64 and t.num_tokens < 400 for t in s.turns)
+        for a, b in zip(s.turns, s.turns[1:]):  # a growing private context
+            assert b.num_tokens == a.num_tokens + 64 + 32
+            assert b.block_ids[: a.num_tokens // 16] == a.block_ids[: a.num_tokens // 16]
+    ids = [set(t.block_ids) for s in burst for t in s.turns]
+    for s in burst:
+        assert all(t.max_tokens == 4 and t.num_tokens > 800 for t in s.turns)
+    assert all(not (a & b) for i, a in enumerate(ids) for b in ids[i + 1:])  # all fresh
+    every = [set(t.block_ids) for s in sessions for t in s.turns]
+    assert not (every[0] & set().union(*ids))

@@ -1,6 +1,8 @@
 """`baton up` failure paths, fast: stand-in role processes instead of real workers."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from baton import cluster
@@ -33,3 +35,34 @@ def test_gateway_that_never_gets_healthy_times_out(monkeypatch, capsys, tiny_lla
                          "--startup-timeout", "2", "--port", "9"])
     assert code == 1
     assert "did not report every worker healthy within 2 s" in capsys.readouterr().err
+
+
+def test_cpu_plan_pins_roles_to_disjoint_cpus():
+    plan = cluster.cpu_plan("split", "disaggregated", 1, 1, cpus=[0, 1])
+    assert plan == {"prefill-0": frozenset({1}), "decode-0": frozenset({0})}
+    plan = cluster.cpu_plan("split", "disaggregated", 1, 2, cpus=[0, 1, 2, 3])
+    assert plan["prefill-0"] == frozenset({2, 3})
+    assert plan["decode-0"] == plan["decode-1"] == frozenset({0, 1})
+    assert cluster.cpu_plan("split", "colocated", 1, 2, cpus=[0, 1]) == \
+        {"decode-0": frozenset({0}), "decode-1": frozenset({1})}
+    assert cluster.cpu_plan("split", "colocated", 1, 1, cpus=[0, 1]) == \
+        {"decode-0": frozenset({0, 1})}
+    assert cluster.cpu_plan("none", "disaggregated", 1, 1, cpus=[0, 1]) == \
+        {"prefill-0": None, "decode-0": None}
+    assert cluster.cpu_plan("split", "disaggregated", 1, 1, cpus=[0]) == \
+        {"prefill-0": None, "decode-0": None}  # one CPU: nothing to split
+
+
+def test_pinned_child_runs_on_its_cpus(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    want = frozenset(cpus[:1])
+    child = cluster.Child("probe", [sys.executable, "-c",
+                                    "import os; print(sorted(os.sched_getaffinity(0)))"],
+                          tmp_path / "probe.log", want)
+    child.start(dict(os.environ))
+    assert child.proc.wait(30) == 0
+    for _ in range(50):
+        if str(sorted(want)) in child.log_path.read_text():
+            break
+        time.sleep(0.1)
+    assert str(sorted(want)) in child.log_path.read_text()
