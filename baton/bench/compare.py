@@ -14,8 +14,8 @@ stopped. Configurations and the reference each is compared with:
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.
 
-The routing configurations use colocated workers (each prefills its own requests, one CPU
-each) with the same bounded KV pool per worker (`--routing-num-blocks`, 640 blocks of 16
+The routing configurations use colocated workers (`--routing-workers`, default 2; each
+prefills its own requests, pinned to the CPUs in turn) with the same bounded KV pool per worker (`--routing-num-blocks`, 640 blocks of 16
 tokens by default): a request routed away from the worker holding its session's prefix must
 recompute it, and round-robin, which spreads every session over every worker, needs every
 worker to hold every session (bounded memory: LRU thrash) where session/KV routing needs
@@ -69,11 +69,13 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
 ROUTING = ("session", "kv", "round-robin")
 
 
-def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS) -> ServerSpec:
-    """The configuration's server; routing ones get pinned workers and the bounded pool."""
+def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS,
+             routing_workers: int = 2) -> ServerSpec:
+    """The configuration's server; routing ones get `routing_workers` pinned workers, each
+    with the bounded pool."""
     spec = CONFIGS[name][0]
     if name in ROUTING:
-        spec = replace(spec, extra_args=spec.extra_args + (
+        spec = replace(spec, num_decode=routing_workers, extra_args=spec.extra_args + (
             "--pin", "split", "--num-blocks", str(routing_num_blocks)))
     return spec
 
@@ -146,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--routing-num-blocks", type=int, default=ROUTING_NUM_BLOCKS,
                    help="KV blocks per worker in the routing configurations (same for all)")
+    p.add_argument("--routing-workers", type=int, default=2,
+                   help="colocated workers in the routing configurations (more than the "
+                        "cores share them: pinned in turn)")
     add_workload_args(p)
     add_run_args(p)
     return p
@@ -160,7 +165,8 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
-    return [(n, spec_for(n, args.routing_num_blocks), None) for n in names]
+    return [(n, spec_for(n, args.routing_num_blocks, args.routing_workers), None)
+            for n in names]
 
 
 def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tuple[dict, dict]:

@@ -67,6 +67,8 @@ def test_compare_routing_configs_are_colocated_pinned_and_bounded():
         assert argv[argv.index("--num-decode") + 1] == "2"
         assert argv[argv.index("--num-blocks") + 1] == "512"  # the same pool for every policy
         assert argv[argv.index("--pin") + 1] == "split"
+    four = spec_for("round-robin", 512, routing_workers=4).argv("m", 1)
+    assert four[four.index("--num-decode") + 1] == "4"
     disagg = spec_for("disaggregated").argv("m", 1)
     assert disagg[disagg.index("--pin") + 1] == "split"
     coloc = spec_for("colocated").argv("m", 1)
