@@ -83,13 +83,14 @@ class Scheduler:
             self._pending = set()
             for s in scheduled:
                 if s.num_new_tokens > 1:
-                    self._add_pending(s.request, s.request.num_computed_tokens, s.num_new_tokens)
+                    self._pending.update(self._completed_hashes(
+                        s.request, s.request.num_computed_tokens, s.num_new_tokens))
         return self._pending
 
-    def _add_pending(self, req: Request, start: int, n: int) -> None:
+    def _completed_hashes(self, req: Request, start: int, n: int) -> list[int]:
+        """Hashes of req's full blocks that computing tokens [start, start + n) completes."""
         bs = self.kv.block_size
-        hashes = self.kv.block_hashes(req.request_id, req.all_token_ids)
-        self._pending.update(hashes[start // bs:(start + n) // bs])
+        return self.kv.block_hashes(req.request_id, req.all_token_ids)[start // bs:(start + n) // bs]
 
     def _defer_for_inflight_prefix(self, req: Request, num_computed: int,
                                    scheduled: list[ScheduledRequest]) -> bool:
@@ -122,8 +123,8 @@ class Scheduler:
                     n = self._num_new_tokens(req, num_computed, budget)
                     blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
                     if blocks is not None and self.kv.enable_prefix_caching:
-                        self._pending_hashes(scheduled)
-                        self._add_pending(req, num_computed, n)
+                        self._pending_hashes(scheduled).update(
+                            self._completed_hashes(req, num_computed, n))
                 except Exception as e:  # noqa: BLE001 - the engine ends this request alone
                     raise AdmissionError(req, e) from e
                 if blocks is None:

@@ -143,8 +143,13 @@ class FakeWorker:
     @classmethod
     async def start(cls, behavior: Behavior | None = None, **kwargs) -> FakeWorker:
         servicer = FakeDecode(behavior or Behavior(), **kwargs)
+        return await cls.serve(servicer, decode_pb2_grpc.add_DecodeServiceServicer_to_server)
+
+    @classmethod
+    async def serve(cls, servicer, add_to_server) -> FakeWorker:
+        """Serve `servicer` (and SERVING health) on a free 127.0.0.1 port."""
         server = grpc.aio.server()
-        decode_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         health_servicer = health.aio.HealthServicer()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -177,15 +182,8 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
 
 
 async def start_fake_prefill(load: float = 0.0) -> FakeWorker:
-    servicer = FakePrefill(load)
-    server = grpc.aio.server()
-    prefill_pb2_grpc.add_PrefillServiceServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return FakeWorker(servicer, server, health_servicer, port)
+    return await FakeWorker.serve(FakePrefill(load),
+                                  prefill_pb2_grpc.add_PrefillServiceServicer_to_server)
 
 
 async def _serve(tokens: int) -> None:
