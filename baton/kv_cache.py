@@ -167,6 +167,11 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.requests[request_id].blocks]
 
+    def num_request_blocks(self, request_id: str) -> int:
+        """Blocks the request's block table holds now (0 for an unknown request)."""
+        entry = self.requests.get(request_id)
+        return len(entry.blocks) if entry is not None else 0
+
     def cached_block_hashes(self) -> list[int]:
         """Hashes of every block in the prefix cache (used or free), for KV-aware routing."""
         return list(self.pool.cached)

@@ -48,7 +48,8 @@ class Scheduler:
         max_num_batched_tokens; at most max_num_seqs requests run. Running requests go
         first (in admission order); if blocks run out the most recently admitted running
         request is preempted (its blocks freed, its tokens recomputed later). Waiting requests
-        are admitted only in steps without preemption.
+        are admitted only in steps without preemption, and only when their whole prompt fits
+        beside what the running ones still need (`_fits_whole_prompt`).
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -121,7 +122,9 @@ class Scheduler:
                         skipped.append(req)
                         continue
                     n = self._num_new_tokens(req, num_computed, budget)
-                    blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
+                    blocks = None
+                    if self._fits_whole_prompt(req, hits):
+                        blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
                     if blocks is not None and self.kv.enable_prefix_caching:
                         self._pending_hashes(scheduled).update(
                             self._completed_hashes(req, num_computed, n))
@@ -147,6 +150,26 @@ class Scheduler:
         finally:
             self.waiting.extendleft(reversed(skipped))
         return budget
+
+    def _fits_whole_prompt(self, req: Request, hits: list) -> bool:
+        """True when the pool can hold all of req's tokens (not just this step's chunk) beside
+        the blocks the running requests still need to finish their prompts.
+
+        Admitting by chunk alone lets two long prompts that fit only one at a time both start;
+        when the first grows into the free blocks the second is preempted, its freshly computed
+        blocks are evicted first (freed tail first) and it recomputes them: on an agent worker
+        with two long contexts this repeats for as long as both live. Counted in blocks: free
+        ones (evictable cached included) minus req's own hits that are free (taking them
+        removes them from the free queue). Decode growth is not reserved (a block per
+        `block_size` tokens; preemption still covers it). vLLM v0's admission likewise checks
+        the whole prompt (`BlockSpaceManager.can_allocate`) rather than a chunk.
+        """
+        kv = self.kv
+        reserved = sum(max(0, kv.blocks_needed(r.num_tokens) - kv.num_request_blocks(r.request_id))
+                       for r in self.running)
+        free_hits = sum(1 for b in hits if b.ref_cnt == 0)
+        need = kv.blocks_needed(req.num_tokens) - len(hits)
+        return need + reserved <= kv.num_free_blocks - free_hits
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
         n = req.num_tokens - num_computed

@@ -99,3 +99,52 @@ def test_requests_sharing_an_uncached_prefix_compute_it_once(tiny_llama):
     plain = LLM(str(tiny_llama), num_blocks=64, enable_prefix_caching=False).generate(prompts, p)
     assert [o.output_token_ids for o in shared] == [o.output_token_ids for o in plain]
     assert [o.num_cached_tokens for o in plain] == [0, 0, 0]
+
+
+
+def test_prompts_that_cannot_both_fit_are_not_admitted_to_thrash(tiny_llama):
+    """Two chunked prompts that each fit the pool alone but not together: the second waits
+    for room for its whole prompt instead of being admitted, preempted when the first grows
+    into its blocks, and recomputed."""
+    kw = dict(block_size=4, num_blocks=24, long_prefill_token_threshold=8,
+              max_num_batched_tokens=16)
+    p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = [[3] + list(range(10, 69)), [4] + list(range(100, 159))]  # 15 blocks each
+    alone = [LLM(str(tiny_llama), **kw).generate([q], p)[0].output_token_ids for q in prompts]
+    llm = LLM(str(tiny_llama), **kw)
+    real = llm.engine.scheduler.schedule
+    computed, preemptions = [], []
+
+    def recording():
+        scheduled, preempted = real()
+        computed.extend(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)
+        preemptions.extend(r.request_id for r in preempted)
+        return scheduled, preempted
+
+    llm.engine.scheduler.schedule = recording
+    both = [o.output_token_ids for o in llm.generate(prompts, p)]
+    assert preemptions == []
+    assert sum(computed) == 120  # every prompt token once
+    assert both == alone
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_whole_prompt_check_counts_cache_hits(tiny_llama):
+    """A long prompt whose prefix is cached needs blocks only for its uncached tail: it is
+    admitted beside a running request although its whole length would not fit again."""
+    e = _engine(tiny_llama, block_size=4, num_blocks=24, long_prefill_token_threshold=8,
+                max_num_batched_tokens=16)
+    p = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    turn1 = [3] + list(range(10, 65))  # 56 tokens: 14 blocks
+    e.add_request("t1", turn1, p)
+    while e.has_unfinished_requests():
+        e.step()
+    e.add_request("other", [4] + list(range(100, 119)), SamplingParams(
+        temperature=0, max_tokens=20, ignore_eos=True))  # 5 blocks, keeps decoding
+    e.step()
+    e.add_request("t2", turn1 + [70, 71, 72, 73, 74, 75, 76, 77], p)  # 16 blocks, 14 cached
+    scheduled, preempted = e.scheduler.schedule()
+    assert "t2" in [s.request.request_id for s in scheduled] and not preempted
+    while e.has_unfinished_requests():
+        e.step()
+    assert e.kv.num_free_blocks == e.kv.num_blocks
