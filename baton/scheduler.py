@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from baton.config import SchedulerConfig
-from baton.kv_cache import KVCacheManager
+from baton.kv_cache import Block, KVCacheManager
 from baton.model_runner import ScheduledRequest
 from baton.request import Request, RequestStatus
 
@@ -112,6 +113,7 @@ class Scheduler:
         (`_defer_for_inflight_prefix`)."""
         skipped: list[Request] = []
         now = time.monotonic()
+        reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting.popleft()
@@ -123,7 +125,7 @@ class Scheduler:
                         continue
                     n = self._num_new_tokens(req, num_computed, budget)
                     blocks = None
-                    if self._fits_whole_prompt(req, hits):
+                    if self._fits_whole_prompt(req, hits, reserved):
                         blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
                     if blocks is not None and self.kv.enable_prefix_caching:
                         self._pending_hashes(scheduled).update(
@@ -147,13 +149,19 @@ class Scheduler:
                 self.running.append(req)
                 scheduled.append(self._scheduled(req, n))
                 budget -= n
+                reserved += self._blocks_to_finish(req)
         finally:
             self.waiting.extendleft(reversed(skipped))
         return budget
 
-    def _fits_whole_prompt(self, req: Request, hits: list) -> bool:
+    def _blocks_to_finish(self, req: Request) -> int:
+        """Blocks a running request still lacks for the tokens it has (its prompt's rest)."""
+        return max(0, self.kv.blocks_needed(req.num_tokens)
+                   - self.kv.num_request_blocks(req.request_id))
+
+    def _fits_whole_prompt(self, req: Request, hits: Sequence[Block], reserved: int) -> bool:
         """True when the pool can hold all of req's tokens (not just this step's chunk) beside
-        the blocks the running requests still need to finish their prompts.
+        the `reserved` blocks the running requests still need to finish their prompts.
 
         Admitting by chunk alone lets two long prompts that fit only one at a time both start;
         when the first grows into the free blocks the second is preempted, its freshly computed
@@ -165,8 +173,6 @@ class Scheduler:
         the whole prompt (`BlockSpaceManager.can_allocate`) rather than a chunk.
         """
         kv = self.kv
-        reserved = sum(max(0, kv.blocks_needed(r.num_tokens) - kv.num_request_blocks(r.request_id))
-                       for r in self.running)
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
         need = kv.blocks_needed(req.num_tokens) - len(hits)
         return need + reserved <= kv.num_free_blocks - free_hits

@@ -101,7 +101,6 @@ def test_requests_sharing_an_uncached_prefix_compute_it_once(tiny_llama):
     assert [o.num_cached_tokens for o in plain] == [0, 0, 0]
 
 
-
 def test_prompts_that_cannot_both_fit_are_not_admitted_to_thrash(tiny_llama):
     """Two chunked prompts that each fit the pool alone but not together: the second waits
     for room for its whole prompt instead of being admitted, preempted when the first grows
