@@ -111,6 +111,8 @@ class Scheduler:
         skipped request has waited that long for blocks, admission stops behind it. One
         whose next uncached block another request computes this step waits for it
         (`_defer_for_inflight_prefix`)."""
+        if not self.waiting:
+            return budget  # the usual decode step: nothing to admit, no reserve to sum
         skipped: list[Request] = []
         now = time.monotonic()
         reserved = sum(self._blocks_to_finish(r) for r in self.running)
