@@ -17,7 +17,7 @@
 #                      also runs on CPU).
 # The model cache (BATON_CACHE_DIR) is a volume: `baton prepare-model` converts the default
 # model into it once (docker-compose.yml runs that as a one-shot service).
-# Health: `python -m baton.healthcheck HOST:PORT` (gRPC workers) or `--http URL` (gateway).
+# Health: `python -m baton.worker.healthcheck HOST:PORT` (gRPC workers) or `--http URL` (gateway).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

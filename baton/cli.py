@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "generate":
         return _generate(rest)
     if cmd == "up":
-        from baton.cluster import main as up_main
+        from baton.cluster.up import main as up_main
         return up_main(rest)
     from baton.bench.cli import main as bench_main
     return bench_main(rest)

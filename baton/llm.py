@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
-from baton.engine import LLMEngine
+from baton.engine.llm_engine import LLMEngine
 from baton.outputs import CompletionOutput, RequestOutput
 from baton.sampling_params import SamplingParams
 

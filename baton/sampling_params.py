@@ -1,6 +1,6 @@
 """Per-request sampling parameters, in the shape of vLLM's `SamplingParams`.
 
-Order of operations in the `Sampler` (baton/sampler.py): temperature, then top-k, top-p,
+Order of operations in the `Sampler` (baton/engine/sampler.py): temperature, then top-k, top-p,
 min-p, then one draw. Stop conditions (`stop`, `stop_token_ids`, eos, `max_tokens`,
 `min_tokens`) are applied by the engine and the `IncrementalDetokenizer`.
 """

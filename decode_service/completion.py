@@ -28,9 +28,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from baton.engine import RemotePrefillPlan
+from baton.engine.llm_engine import RemotePrefillPlan
 from baton.outputs import StepOutput
-from baton.wire import logprob_from_proto, sampling_params_to_proto, seed_for_index
+from baton.worker.wire import logprob_from_proto, sampling_params_to_proto, seed_for_index
 from decode_service.peers import PrefillPeer
 from decode_service.remote_prefill import RemotePrefill, RemoteResult
 from protos import prefill_pb2
@@ -48,7 +48,7 @@ class Completion:
         self.engine_id = job.request_id if job.n == 1 else f"{job.request_id}/{index}"
         self.params = replace(job.params, n=1, seed=seed_for_index(job.params.seed, index))
         self.q: asyncio.Queue[StepOutput] | None = None
-        self.engine_request = None  # baton.request.Request, for timings
+        self.engine_request = None  # baton.engine.request.Request, for timings
         self.in_engine = False  # its blocks belong to the engine alone (abort frees them)
         self.remote: RemoteResult | None = None
         self.error: str | None = None  # set when it ended with an error before any token

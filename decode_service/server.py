@@ -17,9 +17,9 @@ import sys
 
 import grpc
 
-from baton.async_engine import AsyncEngine
-from baton.engine import LLMEngine
-from baton.serving import (
+from baton.worker.async_engine import AsyncEngine
+from baton.engine.llm_engine import LLMEngine
+from baton.worker.process import (
     CHANNEL_OPTIONS,
     add_health,
     bind,

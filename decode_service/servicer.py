@@ -13,8 +13,8 @@ import secrets
 
 import grpc
 
-from baton.serving import Rejected
-from baton.wire import worker_stats
+from baton.worker.process import Rejected
+from baton.worker.wire import worker_stats
 from decode_service.worker import DecodeWorker
 from protos import common_pb2, decode_pb2_grpc
 

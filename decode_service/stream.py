@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from baton.outputs import StepOutput
-from baton.wire import FINISH_REASONS, logprob_to_proto
+from baton.worker.wire import FINISH_REASONS, logprob_to_proto
 from decode_service.metrics import DecodeMetrics
 from protos import common_pb2, decode_pb2
 

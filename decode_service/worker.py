@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.async_engine import AsyncEngine
+from baton.worker.async_engine import AsyncEngine
 from baton.outputs import StepOutput
-from baton.serving import MAX_REQUEST_ID_LEN, Rejected
+from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
 from baton.transfer import KVReceiver
-from baton.wire import sampling_params_from_proto
+from baton.worker.wire import sampling_params_from_proto
 from decode_service.completion import Completion
 from decode_service.config import DecodeConfig
 from decode_service.metrics import DecodeMetrics

@@ -13,9 +13,9 @@ import secrets
 
 import grpc
 
-from baton.serving import Rejected
+from baton.worker.process import Rejected
 from baton.transfer import TRANSPORT_KINDS, KVLayoutError, check_compatible, kv_layout_hash
-from baton.wire import worker_stats
+from baton.worker.wire import worker_stats
 from prefill_service.worker import PrefillWorker
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from baton.async_engine import AsyncEngine
-from baton.serving import MAX_REQUEST_ID_LEN, Rejected
+from baton.worker.async_engine import AsyncEngine
+from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
 from baton.transfer import KVLayoutError, KVSender, TransferState
-from baton.wire import logprob_to_proto, sampling_params_from_proto
+from baton.worker.wire import logprob_to_proto, sampling_params_from_proto
 from prefill_service.config import PrefillConfig
 from prefill_service.metrics import PrefillMetrics
 from protos import prefill_pb2

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from baton import LLM, SamplingParams
-from baton.async_engine import AsyncEngine
+from baton.worker.async_engine import AsyncEngine
 from tests.reference import hf_greedy
 
 

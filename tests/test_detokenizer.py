@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.detokenizer import DetokenizerUpdate, IncrementalDetokenizer
+from baton.engine.detokenizer import DetokenizerUpdate, IncrementalDetokenizer
 from baton.sampling_params import SamplingParams
 from tests.tiny_models import train_tokenizer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from baton import LLM, SamplingParams
-from baton.request import RequestStatus
+from baton.engine.request import RequestStatus
 from tests.reference import hf_greedy
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from baton.block_hash import hash_block, hash_block_tokens
-from baton.kv_cache import BlockPool, KVCacheManager
+from baton.engine.kv_cache import BlockPool, KVCacheManager
 
 
 def ids(blocks):

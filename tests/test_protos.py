@@ -117,7 +117,7 @@ def test_round_trip_of_the_hand_over_messages():
 
 def test_token_logprobs_round_trip_keeps_rank_and_top():
     from baton.outputs import TokenLogprob
-    from baton.wire import logprob_from_proto, logprob_to_proto
+    from baton.worker.wire import logprob_from_proto, logprob_to_proto
 
     lp = TokenLogprob(token_id=7, logprob=-1.25, top={3: -0.5, 7: -1.25}, rank=2)
     p = logprob_to_proto(lp)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from baton.sampler import Sampler, SamplerOutput, apply_top_k_top_p, make_generator
+from baton.engine.sampler import Sampler, SamplerOutput, apply_top_k_top_p, make_generator
 from baton.sampling_params import SamplingParams
 
 sampler = Sampler()

@@ -1,6 +1,6 @@
 """Scheduler policies on a real tiny engine: budgets, chunk caps, skipping a blocked head."""
 from baton import LLM, SamplingParams
-from baton.request import RequestStatus
+from baton.engine.request import RequestStatus
 
 
 def _engine(folder, **kw):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from baton.bench import loaders
-from baton.bench.local import ServerSpec, ServerStartError, cluster_available, running_server
+from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.prepare import Preparer
 from baton.bench.report import (
@@ -177,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         results = run_levels(args.url.rstrip("/"), args, sessions, counter, levels, salt)
     else:
-        if not cluster_available():
-            raise SystemExit("no --url and baton/cluster.py is missing: start a gateway first")
         spec = cluster_spec(args)
         target["server"] = spec.describe()
         try:

@@ -51,11 +51,6 @@ class ServerSpec:
                 "extra_args": list(self.extra_args)}
 
 
-def cluster_available() -> bool:
-    """True once `baton/cluster.py` (the `baton up` launcher) exists."""
-    return (Path(__file__).resolve().parent.parent / "cluster.py").is_file()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,14 +8,11 @@ import json
 import pytest
 
 from baton.bench.cli import main
-from baton.bench.local import cluster_available
 
 pytestmark = pytest.mark.slow
 
 
 def test_bench_quick_against_local_cluster(tmp_path):
-    if not cluster_available():
-        pytest.skip("baton/cluster.py (`baton up`) does not exist yet")
     out = tmp_path / "quick"
     rc = main(["--quick", "--duration", "40", "--warmup", "5", "--no-progress", "--no-plots",
                "--output", str(out)])

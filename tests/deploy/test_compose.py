@@ -82,7 +82,7 @@ def test_healthchecks_probe_the_served_ports():
     services = resolved()["services"]
     for worker, port in WORKERS.items():
         test = services[worker]["healthcheck"]["test"]
-        assert test[:4] == ["CMD", "python", "-m", "baton.healthcheck"]
+        assert test[:4] == ["CMD", "python", "-m", "baton.worker.healthcheck"]
         assert test[-1] == f"127.0.0.1:{port}"
         assert f"--port={port}" in services[worker]["command"]
     test = services["gateway"]["healthcheck"]["test"]

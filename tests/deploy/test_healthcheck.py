@@ -1,4 +1,4 @@
-"""`python -m baton.healthcheck`: the probe docker-compose.yml runs in every container."""
+"""`python -m baton.worker.healthcheck`: the probe docker-compose.yml runs in every container."""
 from __future__ import annotations
 
 import http.server
@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from baton.healthcheck import main
+from baton.worker.healthcheck import main
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_command_line_is_light_and_exits_with_status(grpc_health):
     address, servicer = grpc_health
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     code = ("import runpy, sys; sys.argv = ['x', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('baton.healthcheck', run_name='__main__')\n"
+            "try:\n    runpy.run_module('baton.worker.healthcheck', run_name='__main__')\n"
             "except SystemExit as e:\n"
             "    assert 'torch' not in sys.modules, 'healthcheck imported torch'\n"
             "    raise")
@@ -76,6 +76,6 @@ def test_command_line_is_light_and_exits_with_status(grpc_health):
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "SERVING" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "baton.healthcheck"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "baton.worker.healthcheck"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "one of them" in out.stderr

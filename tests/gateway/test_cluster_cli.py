@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from baton import cluster
+from baton.cluster import up as cluster
 
 
 def test_bad_arguments_and_unknown_model(capsys, tmp_path):

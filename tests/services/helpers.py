@@ -9,8 +9,8 @@ import grpc
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
 from baton.sampling_params import SamplingParams
-from baton.serving import ServerConfig
-from baton.wire import sampling_params_to_proto
+from baton.worker.process import ServerConfig
+from baton.worker.wire import sampling_params_to_proto
 from decode_service.config import DecodeConfig
 from decode_service.server import DecodeServer
 from prefill_service.config import PrefillConfig

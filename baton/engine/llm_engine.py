@@ -19,16 +19,16 @@ from dataclasses import dataclass
 import torch
 
 from baton.config import EngineConfig
-from baton.detokenizer import IncrementalDetokenizer
-from baton.kv_cache import KVCacheManager
-from baton.model_runner import ModelRunner, ScheduledRequest
+from baton.engine.detokenizer import IncrementalDetokenizer
+from baton.engine.kv_cache import KVCacheManager
+from baton.engine.model_runner import ModelRunner, ScheduledRequest
 from baton.models.decoder import DecoderModel
 from baton.models.registry import resolve_model
 from baton.outputs import StepOutput, TokenLogprob
-from baton.request import Request, RequestStatus
-from baton.sampler import SamplerOutput, make_generator
+from baton.engine.request import Request, RequestStatus
+from baton.engine.sampler import SamplerOutput, make_generator
 from baton.sampling_params import SamplingParams
-from baton.scheduler import AdmissionError, Scheduler
+from baton.engine.scheduler import AdmissionError, Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from baton.outputs import TokenLogprob
-from baton.request import RequestStatus
+from baton.engine.request import RequestStatus
 from baton.sampling_params import SamplingParams
 from protos import common_pb2
 
 if TYPE_CHECKING:
-    from baton.engine import LLMEngine
+    from baton.engine.llm_engine import LLMEngine
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,

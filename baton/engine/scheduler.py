@@ -11,9 +11,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from baton.config import SchedulerConfig
-from baton.kv_cache import Block, KVCacheManager
-from baton.model_runner import ScheduledRequest
-from baton.request import Request, RequestStatus
+from baton.engine.kv_cache import Block, KVCacheManager
+from baton.engine.model_runner import ScheduledRequest
+from baton.engine.request import Request, RequestStatus
 
 
 class AdmissionError(Exception):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from baton.models.decoder import AttentionMetadata, DecoderModel
-from baton.request import Request
-from baton.sampler import Sampler, SamplerOutput
+from baton.engine.request import Request
+from baton.engine.sampler import Sampler, SamplerOutput
 
 
 @dataclass

@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from baton.engine import LLMEngine
+from baton.engine.llm_engine import LLMEngine
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
 

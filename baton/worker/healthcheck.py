@@ -1,7 +1,7 @@
 """A health probe for containers: exit 0 when a Baton process is serving, 1 otherwise.
 
-    python -m baton.healthcheck HOST:PORT [--service NAME]   gRPC worker (grpc.health.v1 Check)
-    python -m baton.healthcheck --http URL                   gateway (GET URL answers 200)
+    python -m baton.worker.healthcheck HOST:PORT [--service NAME]   gRPC worker (grpc.health.v1 Check)
+    python -m baton.worker.healthcheck --http URL                   gateway (GET URL answers 200)
 
 Docker Compose `healthcheck:` runs it inside the container; Kubernetes uses its own native
 `grpc:` / `httpGet:` probes instead. It imports only grpcio and the standard library, so a
@@ -42,7 +42,7 @@ def check_http(url: str, timeout: float) -> tuple[bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m baton.healthcheck", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m baton.worker.healthcheck", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("address", nargs="?", help="gRPC worker HOST:PORT")
     p.add_argument("--service", default="", help="health service name ('' = the server)")

@@ -1,0 +1,1 @@
+"""`baton up`: a local cluster of gateway, prefill and decode processes (`up`)."""
