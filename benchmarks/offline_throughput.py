@@ -166,7 +166,7 @@ def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int, fl
     e = llm.engine
     e.add_request("b1", list(range(100, 100 + context)),
                   SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
-    while e.requests["b1"].request.num_computed_tokens < context:
+    while e.get_request("b1").num_computed_tokens < context:
         e.step()
     times = []
     while e.has_unfinished_requests():

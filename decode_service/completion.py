@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from baton.engine.llm_engine import RemotePrefillPlan
+from baton.engine.remote_kv import RemotePrefillPlan
 from baton.outputs import StepOutput
 from baton.worker.wire import logprob_from_proto, sampling_params_to_proto, seed_for_index
 from decode_service.peers import PrefillPeer
@@ -64,9 +64,9 @@ class Completion:
                     lambda e: e.add_request(rid, prompt, self.params))
                 plan = None
             else:
-                plan, self.engine_request = await ae.call(lambda e: (
-                    e.add_remote_request(rid, prompt, self.params, min_remote_tokens),
-                    e.requests[rid].request))
+                rkv = self.worker.remote_kv
+                plan, self.engine_request = await ae.call(
+                    lambda e: rkv.add(rid, prompt, self.params, min_remote_tokens))
         except BaseException as exc:
             ae.close_stream(rid)
             if isinstance(exc, asyncio.CancelledError):  # the add may still land: undo it
@@ -109,7 +109,7 @@ class Completion:
             await self._end(result, "abort")
         elif result.rejected:
             w.metrics.remote_prefills.labels("rejected").inc()
-            await w.ae.call(lambda e: e.fail_remote_prefill(rid, False, result.error))
+            await w.ae.call(lambda e: w.remote_kv.fail(rid, recompute=False, error=result.error))
             w.ae.close_stream(rid)
             self.in_engine = True
             raise ValueError(f"prefill worker rejected the request: {result.error}")
@@ -124,7 +124,7 @@ class Completion:
         w, rid, resp = self.worker, self.engine_id, result.response
         lp = logprob_from_proto(resp.first_token_logprobs) \
             if resp.HasField("first_token_logprobs") else None
-        await w.ae.call(lambda e: e.finish_remote_prefill(rid, resp.first_token_id, lp),
+        await w.ae.call(lambda e: w.remote_kv.finish(rid, resp.first_token_id, lp),
                         deliver=True)
         self.in_engine = True
         m = w.metrics
@@ -136,7 +136,7 @@ class Completion:
     async def _recompute(self, result: RemoteResult) -> None:
         w, rid = self.worker, self.engine_id
         if result.safe:
-            await w.ae.call(lambda e: e.fail_remote_prefill(rid, True, result.error))
+            await w.ae.call(lambda e: w.remote_kv.fail(rid, recompute=True, error=result.error))
             self.in_engine = True
             return
         self._quarantine(result)
@@ -155,7 +155,8 @@ class Completion:
         w, rid = self.worker, self.engine_id
         if result.safe:
             out = await w.ae.call(lambda e: e.abort_request(rid) if reason == "abort"
-                                  else e.fail_remote_prefill(rid, False, result.error))
+                                  else w.remote_kv.fail(rid, recompute=False,
+                                                        error=result.error).output)
         else:
             self._quarantine(result)
             out = None

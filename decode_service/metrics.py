@@ -44,7 +44,7 @@ class DecodeMetrics:
                                           buckets=_SECONDS, registry=r)
 
     def watch(self, engine) -> None:
-        """Point the engine gauges at live state (len() reads are safe from another thread)."""
-        self.waiting.set_function(lambda: len(engine.scheduler.waiting))
-        self.running.set_function(lambda: len(engine.scheduler.running))
-        self.free_blocks.set_function(lambda: engine.kv.num_free_blocks)
+        """Point the engine gauges at live state (EngineCounts: safe from the scrape thread)."""
+        self.waiting.set_function(lambda: engine.counts().num_waiting)
+        self.running.set_function(lambda: engine.counts().num_running)
+        self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from baton.engine.llm_engine import RemotePrefillPlan
+from baton.engine.remote_kv import RemotePrefillPlan
 from baton.transfer import KVReceiver, TransferState
 from decode_service.config import DecodeConfig
 from decode_service.peers import PrefillPeer, PrefillPeers

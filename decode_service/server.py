@@ -19,6 +19,7 @@ import grpc
 
 from baton.worker.async_engine import AsyncEngine
 from baton.engine.llm_engine import LLMEngine
+from baton.engine.remote_kv import RemoteKV
 from baton.worker.process import (
     CHANNEL_OPTIONS,
     add_health,
@@ -58,7 +59,7 @@ class DecodeServer:
         self.engine = LLMEngine(cfg.engine)
         self.ae = AsyncEngine(self.engine)
         self.ae.start()
-        kv_cache = self.engine.runner.kv_cache
+        kv_cache = self.engine.kv_cache
         self.layout = kv_layout(served_model_name(cfg.engine, cfg.served_model_name), kv_cache)
         self.receiver = make_receiver(cfg.transport, kv_cache, self.layout)
         self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
@@ -71,7 +72,9 @@ class DecodeServer:
         self.metrics.watch(self.engine)
         self.peers = PrefillPeers(self.layout, cfg.transport, self.address,
                                   cfg.handshake_timeout_seconds, cfg.abort_timeout_seconds)
-        self.worker = DecodeWorker(cfg, self.ae, self.receiver, self.peers, self.metrics)
+        self.remote_kv = RemoteKV(self.engine)
+        self.worker = DecodeWorker(cfg, self.ae, self.remote_kv, self.receiver, self.peers,
+                                   self.metrics)
         decode_pb2_grpc.add_DecodeServiceServicer_to_server(
             DecodeServicer(self.worker, self.layout, self.address), self.server)
         self.health = add_health(self.server)
@@ -81,7 +84,7 @@ class DecodeServer:
                                                  self.metrics.registry)
         log.info("decode worker serving", extra={"address": self.address,
                                                  "transport": cfg.transport,
-                                                 "num_blocks": self.engine.kv.num_blocks})
+                                                 "num_blocks": self.engine.num_blocks})
         return self
 
     async def stop(self, drain_s: float | None = None) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from baton.engine.remote_kv import RemoteKV
 from baton.worker.async_engine import AsyncEngine
 from baton.outputs import StepOutput
 from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
@@ -61,9 +62,10 @@ class Job:
 
 
 class DecodeWorker:
-    def __init__(self, config: DecodeConfig, engine: AsyncEngine, receiver: KVReceiver,
-                 peers: PrefillPeers, metrics: DecodeMetrics) -> None:
+    def __init__(self, config: DecodeConfig, engine: AsyncEngine, remote_kv: RemoteKV,
+                 receiver: KVReceiver, peers: PrefillPeers, metrics: DecodeMetrics) -> None:
         self.config, self.ae, self.receiver, self.peers = config, engine, receiver, peers
+        self.remote_kv = remote_kv
         self.metrics = metrics
         self.jobs: dict[str, Job] = {}
         self.accepting = True

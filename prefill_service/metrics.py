@@ -37,8 +37,8 @@ class PrefillMetrics:
                                       "Held blocks released by lease expiry", registry=r)
 
     def watch(self, engine, held: dict) -> None:
-        """Point the gauges at live state (len() reads are safe from the scrape thread)."""
-        self.waiting.set_function(lambda: len(engine.scheduler.waiting))
-        self.running.set_function(lambda: len(engine.scheduler.running))
-        self.free_blocks.set_function(lambda: engine.kv.num_free_blocks)
+        """Point the gauges at live state (EngineCounts: safe from the scrape thread)."""
+        self.waiting.set_function(lambda: engine.counts().num_waiting)
+        self.running.set_function(lambda: engine.counts().num_running)
+        self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)
         self.held.set_function(lambda: len(held))

@@ -17,6 +17,7 @@ import sys
 import grpc
 
 from baton.worker.async_engine import AsyncEngine
+from baton.engine.block_holds import BlockHolds
 from baton.engine.llm_engine import LLMEngine
 from baton.worker.process import (
     CHANNEL_OPTIONS,
@@ -56,11 +57,12 @@ class PrefillServer:
         self.engine = LLMEngine(cfg.engine)
         self.ae = AsyncEngine(self.engine)
         self.ae.start()
-        kv_cache = self.engine.runner.kv_cache
+        kv_cache = self.engine.kv_cache
         self.layout = kv_layout(served_model_name(cfg.engine, cfg.served_model_name), kv_cache)
         self.sender = make_sender(cfg.transport, kv_cache, self.layout)
         self.metrics = PrefillMetrics()
-        self.worker = PrefillWorker(cfg, self.ae, self.sender, self.metrics)
+        self.holds = BlockHolds(self.engine)
+        self.worker = PrefillWorker(cfg, self.ae, self.holds, self.sender, self.metrics)
         self.metrics.watch(self.engine, self.worker.entries)
         self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
         self.port, self.address = bind(self.server, cfg.server)
@@ -74,7 +76,7 @@ class PrefillServer:
                                                  self.metrics.registry)
         log.info("prefill worker serving", extra={"address": self.address,
                                                   "transport": cfg.transport,
-                                                  "num_blocks": self.engine.kv.num_blocks})
+                                                  "num_blocks": self.engine.num_blocks})
         return self
 
     async def stop(self, drain_s: float | None = None) -> None:

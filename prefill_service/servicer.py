@@ -68,8 +68,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
         ae = self.worker.ae
-        stats = await ae.call(lambda eng: worker_stats(
-            eng, common_pb2.WORKER_ROLE_PREFILL, self.worker_id, self.layout, self.kv_epoch,
-            request.include_block_hashes))
+        snap = await ae.call(lambda eng: eng.stats(request.include_block_hashes))
+        stats = worker_stats(snap, common_pb2.WORKER_ROLE_PREFILL, self.worker_id, self.layout,
+                             self.kv_epoch)
         stats.num_steps = ae.num_steps
         return stats

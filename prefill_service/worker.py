@@ -3,7 +3,7 @@
     Prefill RPC ─▶ PrefillWorker.prefill(request)
       1. check it (ValueError → INVALID_ARGUMENT); an id aborted earlier answers ABORTED, an
          endpoint with another layout hash answers LAYOUT_MISMATCH
-      2. PREFILLING: engine.add_request(max_tokens=1, hold_blocks=True): the engine's scheduler
+      2. PREFILLING: holds.add(max_tokens=1): BlockHolds keeps its blocks when it finishes: the engine's scheduler
          batches and chunks it with other prompts and reuses its prefix cache; the first token
          is sampled with the request's SamplingParams
       3. SENDING_KV: held blocks [num_cached_on_decode / block_size, ...) go into the decode
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from baton.engine.block_holds import BlockHolds
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
 from baton.transfer import KVLayoutError, KVSender, TransferState
@@ -77,9 +78,10 @@ class _Entry:
 class PrefillWorker:
     """Owns the in-flight and held requests of one prefill engine."""
 
-    def __init__(self, config: PrefillConfig, engine: AsyncEngine, sender: KVSender,
-                 metrics: PrefillMetrics) -> None:
+    def __init__(self, config: PrefillConfig, engine: AsyncEngine, holds: BlockHolds,
+                 sender: KVSender, metrics: PrefillMetrics) -> None:
         self.config, self.ae, self.sender, self.metrics = config, engine, sender, metrics
+        self.holds = holds
         self.block_size = config.engine.cache.block_size
         self.entries: dict[str, _Entry] = {}
         self.tombstones: dict[str, float] = {}
@@ -207,16 +209,15 @@ class PrefillWorker:
         q = self.ae.open_stream(rid)
         try:
             engine_req = await self.ae.call(
-                lambda eng: eng.add_request(rid, list(req.prompt_token_ids), params,
-                                            hold_blocks=True))
+                lambda eng: self.holds.add(rid, list(req.prompt_token_ids), params))
             out = await self._until(e, q.get())
         except _Stop:
-            await self.ae.abort(rid)  # any state, held blocks included
+            await self.ae.call(lambda eng: self.holds.abort(rid))  # held blocks included
             raise
         finally:
             self.ae.close_stream(rid)
         if out.finish_reason not in ("stop", "length") or not out.new_token_ids:
-            await self.ae.abort(rid)
+            await self.ae.call(lambda eng: self.holds.abort(rid))
             raise _Stop(S.PREFILL_STATUS_ERROR, out.error or f"prefill ended {out.finish_reason}")
         return out, engine_req, time.monotonic()
 
@@ -238,7 +239,7 @@ class PrefillWorker:
     async def _send(self, e: _Entry) -> tuple[int, float]:
         """SENDING_KV: (blocks sent, seconds). Never returns or raises while bytes may move."""
         req, rid = e.request, e.request.request_id
-        table = await self.ae.call(lambda eng: eng.held_block_table(rid))
+        table = await self.ae.call(lambda eng: self.holds.block_table(rid))
         src = table[req.num_cached_on_decode // self.block_size:]
         t0, tid = time.monotonic(), req.transfer_id
         budget = max(0.001, e.deadline - t0)
@@ -269,7 +270,7 @@ class PrefillWorker:
         if e.state == PrefillState.RELEASED:
             return False
         e.state = PrefillState.RELEASED
-        return await self.ae.call(lambda eng: eng.release_blocks(rid))
+        return await self.ae.call(lambda eng: self.holds.release(rid))
 
     async def _reap_leases(self) -> None:
         pause = min(1.0, self.config.lease_seconds / 4)

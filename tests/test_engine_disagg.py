@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from baton import LLM, SamplingParams
+from baton.engine.block_holds import BlockHolds
+from baton.engine.remote_kv import RemoteKV
 from baton.engine.request import RequestStatus
 from tests.reference import hf_greedy
 
@@ -13,8 +15,10 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def _engines(folder, **kw):
-    return LLM(str(folder), block_size=8, num_blocks=64, **kw).engine, \
-        LLM(str(folder), block_size=8, num_blocks=64, **kw).engine
+    """(prefill engine with its BlockHolds, decode engine with its RemoteKV)."""
+    prefill = LLM(str(folder), block_size=8, num_blocks=64, **kw).engine
+    decode = LLM(str(folder), block_size=8, num_blocks=64, **kw).engine
+    return (prefill, BlockHolds(prefill)), (decode, RemoteKV(decode))
 
 
 def _drain(engine, rid):
@@ -28,19 +32,18 @@ def _drain(engine, rid):
     raise AssertionError("request did not finish")
 
 
-def _remote_turn(prefill, decode, rid, prompt, params=PARAMS):
+def _remote_turn(p, d, rid, prompt, params=PARAMS):
     """One disaggregated request. Returns (output tokens, blocks transferred)."""
-    plan = decode.add_remote_request(rid, prompt, params, min_remote_tokens=1)
+    (prefill, holds), (decode, rkv) = p, d
+    plan, _ = rkv.add(rid, prompt, params, min_remote_tokens=1)
     assert plan is not None
-    prefill.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1,
-                                                    ignore_eos=True), hold_blocks=True)
+    holds.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     first = _drain(prefill, rid)
-    src = prefill.held_block_table(rid)[plan.num_cached_tokens // 8:]
+    src = holds.block_table(rid)[plan.num_cached_tokens // 8:]
     assert len(src) == len(plan.dst_block_ids)
-    decode.runner.kv_cache[torch.tensor(plan.dst_block_ids)] = \
-        prefill.runner.kv_cache[torch.tensor(src)]
-    out = decode.finish_remote_prefill(rid, first[0])
-    assert prefill.release_blocks(rid)
+    decode.kv_cache[torch.tensor(plan.dst_block_ids)] = prefill.kv_cache[torch.tensor(src)]
+    out = rkv.finish(rid, first[0])
+    assert holds.release(rid)
     return out.new_token_ids + _drain(decode, rid), len(src)
 
 
@@ -57,24 +60,27 @@ def test_disaggregated_equals_reference_and_transfers_only_new_blocks(tiny_llama
     tokens2, sent2 = _remote_turn(prefill, decode, "b", turn2)
     assert tokens2 == hf_greedy(tiny_llama, turn2, 8)
     assert sent2 == -(-len(turn2) // 8) - 5  # only the blocks decode lacks
-    for e in (prefill, decode):
-        assert e.kv.num_free_blocks == e.kv.num_blocks and not e.held
+    for e in (prefill[0], decode[0]):
+        assert e.kv.num_free_blocks == e.kv.num_blocks
+    assert len(prefill[1]) == 0
 
 
 def test_short_suffix_prefills_locally(tiny_llama):
-    _, decode = _engines(tiny_llama)
-    assert decode.add_remote_request("x", list(range(3, 20)), PARAMS, min_remote_tokens=64) \
-        is None
+    _, (decode, rkv) = _engines(tiny_llama)
+    plan, req = rkv.add("x", list(range(3, 20)), PARAMS, min_remote_tokens=64)
+    assert plan is None and req.status == RequestStatus.WAITING
     assert _drain(decode, "x") == hf_greedy(tiny_llama, list(range(3, 20)), 8)
 
 
 @pytest.mark.parametrize("recompute", [True, False])
 def test_failed_remote_prefill_recomputes_or_errors(tiny_qwen3, recompute):
-    _, decode = _engines(tiny_qwen3)
+    _, (decode, rkv) = _engines(tiny_qwen3)
     prompt = list(range(5, 40))
-    plan = decode.add_remote_request("r", prompt, PARAMS, min_remote_tokens=1)
-    decode.runner.kv_cache[torch.tensor(plan.dst_block_ids)] = 7.0  # garbage "partial" KV
-    out = decode.fail_remote_prefill("r", recompute=recompute)
+    plan, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
+    decode.kv_cache[torch.tensor(plan.dst_block_ids)] = 7.0  # garbage "partial" KV
+    failure = rkv.fail("r", recompute=recompute)
+    out = failure.output
+    assert failure.hold_id is None
     if recompute:
         assert out is None
         assert _drain(decode, "r") == hf_greedy(tiny_qwen3, prompt, 8)
@@ -84,9 +90,9 @@ def test_failed_remote_prefill_recomputes_or_errors(tiny_qwen3, recompute):
 
 
 def test_abort_while_waiting_for_remote_kv_frees_blocks(tiny_qwen3):
-    _, decode = _engines(tiny_qwen3)
-    decode.add_remote_request("r", list(range(5, 40)), PARAMS, min_remote_tokens=1)
-    assert decode.requests["r"].request.status == RequestStatus.WAITING_FOR_REMOTE_KV
+    _, (decode, rkv) = _engines(tiny_qwen3)
+    rkv.add("r", list(range(5, 40)), PARAMS, min_remote_tokens=1)
+    assert decode.get_request("r").status == RequestStatus.WAITING_FOR_REMOTE_KV
     assert decode.kv.num_free_blocks < decode.kv.num_blocks
     out = decode.abort_request("r")
     assert out.finish_reason == "abort"
@@ -94,29 +100,69 @@ def test_abort_while_waiting_for_remote_kv_frees_blocks(tiny_qwen3):
 
 
 def test_held_blocks_released_by_abort(tiny_qwen3):
-    prefill, _ = _engines(tiny_qwen3)
-    prefill.add_request("p", list(range(5, 30)), SamplingParams(temperature=0, max_tokens=1),
-                        hold_blocks=True)
+    (prefill, holds), _ = _engines(tiny_qwen3)
+    holds.add("p", list(range(5, 30)), SamplingParams(temperature=0, max_tokens=1))
     _drain(prefill, "p")
-    assert prefill.held_block_table("p")
-    prefill.abort_request("p")
-    assert prefill.kv.num_free_blocks == prefill.kv.num_blocks and not prefill.held
+    assert holds.block_table("p") and "p" in holds
+    assert holds.abort("p") is None  # finished: nothing left in the engine, the hold ends
+    assert prefill.kv.num_free_blocks == prefill.kv.num_blocks and len(holds) == 0
+
+
+def test_only_normally_finished_requests_added_as_held_are_held(tiny_qwen3):
+    (prefill, holds), _ = _engines(tiny_qwen3)
+    one = SamplingParams(temperature=0, max_tokens=1)
+    prefill.add_request("plain", list(range(5, 30)), one)  # not added through the holds
+    holds.add("aborted", list(range(7, 30)), one)
+    assert holds.abort("aborted").finish_reason == "abort"
+    _drain(prefill, "plain")
+    assert len(holds) == 0 and prefill.kv.num_free_blocks == prefill.kv.num_blocks
+    with pytest.raises(KeyError):
+        holds.block_table("plain")
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_blocks_a_late_write_may_reach_are_set_aside_until_released(tiny_qwen3, recompute):
+    """An unconfirmed transfer may still write into the destination blocks: they leave the
+    request (which recomputes into fresh blocks, or ends) and no other request gets them
+    until the hold is released."""
+    _, (decode, rkv) = _engines(tiny_qwen3)
+    prompt = list(range(5, 40))
+    plan, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
+    failure = rkv.fail("r", recompute=recompute, writes_may_land=True, aborted=not recompute)
+    assert failure.hold_id is not None and rkv.num_held_blocks == len(plan.dst_block_ids)
+    if recompute:
+        assert failure.output is None
+        decode.kv_cache[torch.tensor(plan.dst_block_ids)] = 7.0  # the late write lands
+        assert _drain(decode, "r") == hf_greedy(tiny_qwen3, prompt, 8)
+    else:
+        assert failure.output.finish_reason == "abort"
+    assert decode.kv.num_free_blocks == decode.kv.num_blocks - len(plan.dst_block_ids)
+    assert rkv.release_hold(failure.hold_id) and not rkv.release_hold(failure.hold_id)
+    assert rkv.num_held_blocks == 0 and decode.kv.num_free_blocks == decode.kv.num_blocks
+
+
+def test_finish_or_fail_of_a_request_not_waiting_raises(tiny_qwen3):
+    _, (decode, rkv) = _engines(tiny_qwen3)
+    decode.add_request("local", list(range(5, 20)), PARAMS)
+    for call in (lambda: rkv.finish("local", 3), lambda: rkv.fail("local", recompute=True),
+                 lambda: rkv.finish("unknown", 3)):
+        with pytest.raises(KeyError):
+            call()
+    assert decode.get_request("local").status == RequestStatus.WAITING
 
 
 def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
     """The prefill worker draws the first token from the seed; decode skips that draw."""
-    prefill, decode = _engines(tiny_llama)
-    colocated, _ = _engines(tiny_llama)
+    (prefill, holds), (decode, rkv) = _engines(tiny_llama)
+    (colocated, _), _ = _engines(tiny_llama)
     params = SamplingParams(temperature=0.9, top_k=40, seed=77, max_tokens=8, ignore_eos=True)
     prompt = list(range(5, 34))
-    plan = decode.add_remote_request("s", prompt, params, min_remote_tokens=1)
-    prefill.add_request("s", prompt, SamplingParams(temperature=0.9, top_k=40, seed=77,
-                                                    max_tokens=1, ignore_eos=True),
-                        hold_blocks=True)
+    plan, _ = rkv.add("s", prompt, params, min_remote_tokens=1)
+    holds.add("s", prompt, SamplingParams(temperature=0.9, top_k=40, seed=77, max_tokens=1,
+                                          ignore_eos=True))
     first = _drain(prefill, "s")
-    src = prefill.held_block_table("s")
-    decode.runner.kv_cache[torch.tensor(plan.dst_block_ids)] = \
-        prefill.runner.kv_cache[torch.tensor(src)]
-    out = decode.finish_remote_prefill("s", first[0])
+    src = holds.block_table("s")
+    decode.kv_cache[torch.tensor(plan.dst_block_ids)] = prefill.kv_cache[torch.tensor(src)]
+    out = rkv.finish("s", first[0])
     colocated.add_request("s", prompt, params)
     assert out.new_token_ids + _drain(decode, "s") == _drain(colocated, "s")

@@ -43,7 +43,7 @@ def test_bad_arguments_and_prompts_are_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match=r"\[0, "):
         llm.generate([[10**6]])
     # Nothing was left queued or holding blocks; the engine still serves.
-    assert not llm.engine.requests and llm.engine.kv.num_free_blocks == 16
+    assert llm.engine.num_unfinished_requests == 0 and llm.engine.kv.num_free_blocks == 16
     assert llm.generate([[5, 6]], SamplingParams(max_tokens=2))[0].finish_reason == "length"
 
 

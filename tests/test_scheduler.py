@@ -50,7 +50,7 @@ def test_blocked_head_does_not_block_smaller_requests(tiny_llama):
     scheduled, _ = e.scheduler.schedule()
     names = [s.request.request_id for s in scheduled]
     assert "small" in names and "huge" not in names
-    assert e.requests["huge"].request.status == RequestStatus.WAITING
+    assert e.get_request("huge").status == RequestStatus.WAITING
     while e.has_unfinished_requests():
         e.step()
     assert e.kv.num_free_blocks == e.kv.num_blocks

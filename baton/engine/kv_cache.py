@@ -172,6 +172,11 @@ class KVCacheManager:
         entry = self.requests.get(request_id)
         return len(entry.blocks) if entry is not None else 0
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix cache (used or free)."""
+        return len(self.pool.cached)
+
     def cached_block_hashes(self) -> list[int]:
         """Hashes of every block in the prefix cache (used or free), for KV-aware routing."""
         return list(self.pool.cached)
@@ -255,6 +260,20 @@ class KVCacheManager:
         for i in range(entry.num_cached_blocks, num_full):
             self.pool.cache(entry.blocks[i], hashes[i], token_ids[i * bs:(i + 1) * bs])
         entry.num_cached_blocks = num_full
+
+    def detach(self, request_id: str, from_block: int) -> list[Block]:
+        """Take the request's blocks from index `from_block` on out of its block table, still
+        referenced: no one else gets them until `release_detached`. The request keeps the
+        blocks before `from_block` (and may grow again). For blocks a transfer may still be
+        writing into (decode side of a failed remote prefill). KeyError: unknown request."""
+        entry = self.requests[request_id]
+        detached, entry.blocks = entry.blocks[from_block:], entry.blocks[:from_block]
+        entry.num_cached_blocks = min(entry.num_cached_blocks, from_block)
+        return detached
+
+    def release_detached(self, blocks: Sequence[Block]) -> None:
+        """Release blocks taken by `detach` (last first, so it is evicted first)."""
+        self.pool.release(list(reversed(blocks)))
 
     def free(self, request_id: str) -> None:
         """Release every block of the request (last block first, so it is evicted first)."""

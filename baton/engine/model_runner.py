@@ -10,28 +10,11 @@ the batched paged-decode kernel and prefill rows the variable-length prefix kern
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from baton.models.decoder import AttentionMetadata, DecoderModel
-from baton.engine.request import Request
 from baton.engine.sampler import Sampler, SamplerOutput
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: `num_new_tokens` tokens from `num_computed_tokens` on."""
-
-    request: Request
-    num_new_tokens: int
-    block_table: list[int]
-
-    @property
-    def completes_prompt(self) -> bool:
-        """True when this step computes the request's last known token (so it samples)."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+from baton.engine.sched_output import ScheduledRequest
 
 
 class ModelRunner:

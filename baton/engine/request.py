@@ -83,3 +83,24 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+
+def resolve_max_tokens(prompt_token_ids: list[int], max_tokens: int | None, vocab_size: int,
+                       max_model_len: int) -> int:
+    """Check a prompt against the model and the context limit; returns max_tokens resolved
+    (None = all the room left). Raises ValueError: empty prompt, ids outside [0, vocab),
+    no room to generate, or prompt + max_tokens over max_model_len."""
+    if not prompt_token_ids:
+        raise ValueError("prompt is empty: at least one token is required")
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    n = len(prompt_token_ids)
+    room = max_model_len - n
+    if room < 1:
+        raise ValueError(f"prompt has {n} tokens; the context limit is {max_model_len}, "
+                         f"leaving no room to generate")
+    max_tokens = room if max_tokens is None else max_tokens
+    if max_tokens > room:
+        raise ValueError(f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the "
+                         f"context limit {max_model_len}")
+    return max_tokens

@@ -94,6 +94,19 @@ def _sample(logits: Tensor, params: list[SamplingParams],
     return probs.div_(q).argmax(dim=-1)
 
 
+def _seeded_draw(generator: torch.Generator, vocab_size: int) -> Tensor:
+    """[V] float32 Exp(1): the one draw a seeded, non-greedy row takes per sampled token."""
+    return torch.empty(vocab_size, device=generator.device).exponential_(generator=generator)
+
+
+def skip_draw(generator: torch.Generator, vocab_size: int) -> None:
+    """Advance a seeded request's generator past one sampled token, exactly as sampling it
+    here would have: the decode side of a remote prefill calls this for the first token,
+    which the prefill worker drew from its own copy of the seed, so later tokens match a
+    colocated run."""
+    _seeded_draw(generator, vocab_size)
+
+
 def _exponentials(probs: Tensor, generators: list[torch.Generator | None],
                   greedy: list[bool]) -> Tensor:
     """[B, V] Exp(1) draws: one V-sized draw per seeded row from its own generator; one
@@ -104,7 +117,7 @@ def _exponentials(probs: Tensor, generators: list[torch.Generator | None],
         q = torch.ones_like(probs)
     for i, (g, gr) in enumerate(zip(generators, greedy)):
         if g is not None and not gr:  # drawn on the generator's own device, then moved
-            q[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g)
+            q[i] = _seeded_draw(g, probs.shape[1])
     # Exp(1) can round to 0.0; 0/0 would be NaN, which argmax treats as the maximum and
     # could pick a filtered-out token.
     return q.clamp_min_(torch.finfo(q.dtype).tiny)

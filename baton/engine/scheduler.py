@@ -3,6 +3,16 @@
 There is no prefill phase or decode phase: every step each request asks for the tokens it
 still lacks KV for (`num_tokens - num_computed_tokens`: 1 for a decode, a chunk for a prompt),
 under a per-step token budget. Design after vLLM v1's scheduler and nano-vllm's.
+
+Every status change of a request happens here (`RequestStatus` in request.py):
+
+    add ─▶ WAITING ──admit──▶ RUNNING ──finish──▶ FINISHED_*
+    wait_for_remote_kv ─▶ WAITING_FOR_REMOTE_KV ──remote_kv_ready──▶ RUNNING
+    RUNNING ──_preempt──▶ PREEMPTED (front of the waiting queue) ──admit──▶ RUNNING
+
+A request waiting for remote KV holds its blocks but is never scheduled nor preempted (the
+prefill worker may be writing into them); vLLM's scheduler likewise moves
+WAITING_FOR_REMOTE_KVS back itself once its connector reports the KV received.
 """
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ from collections.abc import Sequence
 
 from baton.config import SchedulerConfig
 from baton.engine.kv_cache import Block, KVCacheManager
-from baton.engine.model_runner import ScheduledRequest
+from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
 
 
@@ -33,16 +43,38 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.remote_waits: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks held
         self._pending: set[int] | None = None  # block hashes this step computes (lazy)
 
     def add(self, request: Request) -> None:
+        """Queue a request for (local) prefill: WAITING."""
+        request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
+    def wait_for_remote_kv(self, request: Request, num_cached_tokens: int) -> None:
+        """The request's blocks are allocated and another worker fills them from
+        `num_cached_tokens` on: WAITING_FOR_REMOTE_KV until `remote_kv_ready`."""
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        request.num_computed_tokens = request.num_cached_tokens = num_cached_tokens
+        self.remote_waits[request.request_id] = request
+
+    def remote_kv_ready(self, request: Request, num_computed_tokens: int) -> None:
+        """End a remote-KV wait: RUNNING with `num_computed_tokens` of KV in its blocks (the
+        whole prompt when it arrived; the decode side's own prefix to recompute the rest).
+        Raises KeyError if the request is not waiting for remote KV."""
+        if self.remote_waits.pop(request.request_id, None) is not request:
+            raise KeyError(f"request {request.request_id!r} is not waiting for remote KV")
+        request.num_computed_tokens = num_computed_tokens
+        request.status = RequestStatus.RUNNING
+        request.scheduled_time = request.scheduled_time or time.monotonic()
+        self.running.append(request)
+
     def has_unfinished(self) -> bool:
+        """True while there is work to step (waiting or running; not remote-KV waits)."""
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[list[ScheduledRequest], list[Request]]:
-        """Pick this step's work. Returns (scheduled, preempted).
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work.
 
         Invariant: each scheduled request's block table covers
         num_computed_tokens + num_new_tokens tokens; the new tokens sum to at most
@@ -67,7 +99,7 @@ class Scheduler:
             i += 1
         if not preempted:
             budget = self._admit_waiting(budget, scheduled)
-        return scheduled, preempted
+        return SchedulerOutput(scheduled, preempted)
 
     def _allocate_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
         """Grow req's blocks for n new tokens, preempting from the back until it fits."""
@@ -205,5 +237,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif self.remote_waits.get(req.request_id) is req:
+            del self.remote_waits[req.request_id]
         if free:
             self.kv.free(req.request_id)

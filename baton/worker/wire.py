@@ -6,19 +6,18 @@ conversion lives here, once, so the two sides of a hand-off read a message the s
     common_pb2.SamplingParams  ⇄  SamplingParams        (sampling_params_from/to_proto)
     common_pb2.TokenLogprobs   ⇄  TokenLogprob          (logprob_from/to_proto)
     "stop" | "length" | ...    →  FinishReason enum     (FINISH_REASONS)
-    LLMEngine (its thread)     →  WorkerStats           (worker_stats)
+    EngineStats                →  WorkerStats           (worker_stats)
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from baton.outputs import TokenLogprob
-from baton.engine.request import RequestStatus
 from baton.sampling_params import SamplingParams
 from protos import common_pb2
 
 if TYPE_CHECKING:
-    from baton.engine.llm_engine import LLMEngine
+    from baton.engine.stats import EngineStats
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -87,27 +86,21 @@ def logprob_from_proto(p: common_pb2.TokenLogprobs) -> TokenLogprob:
     return TokenLogprob(p.token_id, p.logprob, {t.token_id: t.logprob for t in p.top}, p.rank)
 
 
-def worker_stats(engine: LLMEngine, role: int, worker_id: str, layout: common_pb2.KVLayout,
-                 kv_epoch: int, include_block_hashes: bool) -> common_pb2.WorkerStats:
-    """A WorkerStats snapshot. Run it on the engine thread (AsyncEngine.call).
+def worker_stats(stats: EngineStats, role: int, worker_id: str, layout: common_pb2.KVLayout,
+                 kv_epoch: int) -> common_pb2.WorkerStats:
+    """The WorkerStats message of an engine snapshot (`LLMEngine.stats`, engine thread).
 
     num_waiting counts queued requests and those waiting for remote KV; num_free_blocks counts
     blocks no live request holds (cached-but-evictable ones included, so an idle worker reports
     num_free_blocks == num_total_blocks); block hashes always come as a full snapshot.
     """
-    sched, kv = engine.scheduler, engine.kv
-    remote_wait = sum(1 for t in engine.requests.values()
-                      if t.request.status == RequestStatus.WAITING_FOR_REMOTE_KV)
-    waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                         for r in (*sched.waiting, *sched.running))
-    seqs = engine.config.scheduler.max_num_seqs
-    load = max(kv.usage, len(sched.running) / seqs) + len(sched.waiting) / seqs
-    stats = common_pb2.WorkerStats(
-        role=role, worker_id=worker_id, num_running=len(sched.running),
-        num_waiting=len(sched.waiting) + remote_wait, num_waiting_tokens=waiting_tokens,
-        num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
-        num_cached_blocks=len(kv.pool.cached), load=load, kv_layout=layout, kv_epoch=kv_epoch,
-        kv_seq=0)
-    if include_block_hashes:
-        stats.snapshot.block_hashes.extend(kv.cached_block_hashes())
-    return stats
+    c = stats.counts
+    msg = common_pb2.WorkerStats(
+        role=role, worker_id=worker_id, num_running=c.num_running,
+        num_waiting=c.num_waiting + c.num_waiting_for_remote_kv,
+        num_waiting_tokens=stats.num_waiting_tokens, num_free_blocks=c.num_free_blocks,
+        num_total_blocks=c.num_total_blocks, num_cached_blocks=stats.num_cached_blocks,
+        load=stats.load, kv_layout=layout, kv_epoch=kv_epoch, kv_seq=0)
+    if stats.block_hashes:
+        msg.snapshot.block_hashes.extend(stats.block_hashes)
+    return msg

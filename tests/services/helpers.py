@@ -116,11 +116,11 @@ async def pools_whole(*servers, timeout: float = 10.0) -> None:
     """Wait until every server's KV pool has all blocks free and no request is held."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        states = [(s.engine.kv.num_free_blocks, s.engine.kv.num_blocks,
-                   len(s.engine.requests), len(getattr(s.engine, "held", {})))
-                  for s in servers]
-        if all(free == total and not live and not held for free, total, live, held in states):
+        # held blocks (prefill leases, decode holds) are referenced: not free
+        states = [(s.engine.counts().num_free_blocks, s.engine.num_blocks,
+                   s.engine.num_unfinished_requests) for s in servers]
+        if all(free == total and not live for free, total, live in states):
             return
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"pools not whole: (free, total, requests, held) = {states}")
+            raise AssertionError(f"pools not whole: (free, total, requests) = {states}")
         await asyncio.sleep(0.02)

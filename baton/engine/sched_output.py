@@ -1,0 +1,33 @@
+"""What the scheduler hands the model runner each step (typed; no model needed to build it).
+
+    SchedulerOutput(scheduled=[ScheduledRequest(A, 1, [3, 9]), ScheduledRequest(C, 5, [4])],
+                    preempted=[B])
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from baton.engine.request import Request
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step: `num_new_tokens` tokens from `num_computed_tokens` on,
+    over `block_table` (block ids covering num_computed_tokens + num_new_tokens tokens)."""
+
+    request: Request
+    num_new_tokens: int
+    block_table: list[int]
+
+    @property
+    def completes_prompt(self) -> bool:
+        """True when this step computes the request's last known token (so it samples)."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+class SchedulerOutput(NamedTuple):
+    """One step's decision: the rows to run (running first, then admitted) and the requests
+    preempted to make room (their blocks already freed, back in the waiting queue)."""
+
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]

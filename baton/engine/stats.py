@@ -1,0 +1,53 @@
+"""What the rest of a worker may read of its engine: one snapshot type, no internals.
+
+Services, wire messages and metrics read `EngineStats` (taken on the engine thread) or
+`EngineCounts` (a few lengths, safe to read from any thread, e.g. a Prometheus scrape).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from baton.engine.kv_cache import KVCacheManager
+    from baton.engine.scheduler import Scheduler
+
+
+class EngineCounts(NamedTuple):
+    """Queue and pool sizes (requests, blocks); each a single len() read, so a metrics
+    thread may take them while the engine steps (each is exact, the set is not atomic)."""
+
+    num_running: int
+    num_waiting: int  # queued for local prefill (remote-KV waits not included)
+    num_waiting_for_remote_kv: int
+    num_free_blocks: int
+    num_total_blocks: int
+
+
+class EngineStats(NamedTuple):
+    """A consistent snapshot (take it on the engine thread: `AsyncEngine.call`).
+
+    num_waiting_tokens: prompt tokens still to compute over waiting and running requests.
+    num_free_blocks counts blocks no live request holds (cached-but-evictable included).
+    load: max(KV usage, running / max_num_seqs) + waiting / max_num_seqs (≥ 0; 1 ≈ full).
+    block_hashes: every cached block's chained hash, when asked for (else empty).
+    """
+
+    counts: EngineCounts
+    num_waiting_tokens: int
+    num_cached_blocks: int
+    kv_usage: float
+    max_num_seqs: int
+    load: float
+    block_hashes: tuple[int, ...] = ()
+
+
+def snapshot(sched: Scheduler, kv: KVCacheManager, counts: EngineCounts,
+             include_block_hashes: bool) -> EngineStats:
+    """EngineStats of a scheduler and its KV manager (engine thread)."""
+    waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
+                         for r in (*sched.waiting, *sched.running))
+    seqs = sched.config.max_num_seqs
+    load = max(kv.usage, len(sched.running) / seqs) + len(sched.waiting) / seqs
+    hashes = tuple(kv.cached_block_hashes()) if include_block_hashes else ()
+    return EngineStats(counts, waiting_tokens, kv.num_cached_blocks, kv.usage, seqs, load,
+                       hashes)
