@@ -31,7 +31,8 @@ import grpc
 from baton.engine.remote_kv import RemoteKV
 from baton.worker.async_engine import AsyncEngine
 from baton.outputs import StepOutput
-from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
+from baton.worker.process import Rejected
+from baton.worker.validate import check_request
 from baton.transfer import KVReceiver
 from baton.worker.wire import sampling_params_from_proto
 from decode_service.completion import Completion
@@ -113,18 +114,10 @@ class DecodeWorker:
 
     def _job(self, req: decode_pb2.GenerateRequest) -> Job:
         cfg, rid = self.config, req.request_id
-        if not self.accepting:
-            raise Rejected(grpc.StatusCode.UNAVAILABLE, "decode worker is shutting down")
-        if not rid or len(rid) > MAX_REQUEST_ID_LEN:
-            raise ValueError(f"request_id must have 1..{MAX_REQUEST_ID_LEN} characters")
+        check_request(rid, len(req.prompt_token_ids), cfg.max_prompt_tokens, self.accepting,
+                      "decode worker")
         if rid in self.jobs:
             raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is in flight")
-        n = len(req.prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt_token_ids is empty")
-        if n > cfg.max_prompt_tokens:
-            raise ValueError(f"prompt has {n} tokens, over this worker's limit of "
-                             f"{cfg.max_prompt_tokens} (--max-prompt-tokens)")
         params = sampling_params_from_proto(req.sampling_params)
         if params.n > cfg.max_n:
             raise ValueError(f"n={params.n} is over this worker's limit of {cfg.max_n}")

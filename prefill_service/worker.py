@@ -33,7 +33,8 @@ import grpc
 
 from baton.engine.block_holds import BlockHolds
 from baton.worker.async_engine import AsyncEngine
-from baton.worker.process import MAX_REQUEST_ID_LEN, Rejected
+from baton.worker.process import Rejected
+from baton.worker.validate import check_request
 from baton.transfer import KVLayoutError, KVSender, TransferState
 from baton.worker.wire import logprob_to_proto, sampling_params_from_proto
 from prefill_service.config import PrefillConfig
@@ -146,18 +147,11 @@ class PrefillWorker:
 
     # ---- one request ---------------------------------------------------------------------
     def _check(self, req: prefill_pb2.PrefillRequest) -> None:
-        if not self.accepting:
-            raise Rejected(grpc.StatusCode.UNAVAILABLE, "prefill worker is shutting down")
         n, bs = len(req.prompt_token_ids), self.block_size
-        if not req.request_id or len(req.request_id) > MAX_REQUEST_ID_LEN:
-            raise ValueError(f"request_id must have 1..{MAX_REQUEST_ID_LEN} characters")
+        check_request(req.request_id, n, self.config.max_prompt_tokens, self.accepting,
+                      "prefill worker")
         if not req.transfer_id:
             raise ValueError("transfer_id is required")
-        if n == 0:
-            raise ValueError("prompt_token_ids is empty")
-        if n > self.config.max_prompt_tokens:
-            raise ValueError(f"prompt has {n} tokens, over this prefill worker's limit of "
-                             f"{self.config.max_prompt_tokens} (--max-prompt-tokens)")
         cached = req.num_cached_on_decode
         if cached % bs or cached >= n:
             raise ValueError(f"num_cached_on_decode={cached} must be a multiple of block_size "
