@@ -26,6 +26,16 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:
 async def test_leaving_decode_worker_requests_go_to_the_other(model):
     leaving = await start_decode(model, "grpc", None)
     staying = await start_decode(model, "grpc", None)
+    real_step = leaving.engine.step
+
+    def step_at_most_100_per_s():
+        # A floor under the long request's time, not a ceiling: its 700 tokens take ≥ 7 s
+        # on any machine, so the 1.5 s drain always ends first (on a fast machine the whole
+        # request used to finish inside the drain: 200, not the 503 this test is about).
+        time.sleep(0.01)
+        return real_step()
+
+    leaving.engine.step = step_at_most_100_per_s
     config = GatewayConfig(
         model=str(model), decode=(leaving.address, staying.address), port=0,
         poll_interval_s=3600,  # the gateway keeps believing the leaving worker is healthy
