@@ -180,7 +180,7 @@ def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int, fl
             batch1_matmul_ms(llm))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--num-prompts", type=int, default=64)
@@ -194,6 +194,54 @@ def main() -> None:
                    help="tokens every prompt shares at its start (agent system prompt); 0 = "
                         "fully distinct prompts")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    return p
+
+
+def _compare_dtype(args, folder, prompts, dtype_name: str) -> None:
+    """Baton vs transformers output tokens/s at one dtype, and the prefill floor's cap."""
+    dtype = getattr(torch, dtype_name)
+    print(f"\n[{dtype_name}] output tokens/s", flush=True)
+    runs = {"baton": lambda: run_baton(args.model, dtype_name, prompts, args.output_len),
+            "transformers padded generate": lambda: run_hf_padded(
+                folder, dtype, prompts, args.output_len, args.hf_batch_size)}
+    if not args.skip_hf_continuous:
+        runs["transformers generate_batch"] = lambda: run_hf_continuous(
+            folder, dtype, prompts, args.output_len)
+    rows = {}
+    for name, run in runs.items():
+        try:
+            rows[name] = run()
+        except Exception as exc:  # noqa: BLE001 - report and carry on
+            print(f"  {name:32s} failed here: {exc!r:.200}", flush=True)
+            continue
+        print(f"  {name:32s} {rows[name]:9.1f}", flush=True)
+    best = max((v for k, v in rows.items() if k != "baton"), default=None)
+    if best:
+        print(f"  baton / best transformers      {rows['baton'] / best:9.2f}x  (target ≥ 3x)")
+        floor = prefill_floor_s(args.model, prompts, dtype)
+        ceiling = args.num_prompts * args.output_len / floor / best
+        if not args.shared_prefix:  # with a shared prefix Baton skips part of the prefill
+            print(f"  prefill matmul floor {floor:.1f} s at this machine's GEMM rate → even "
+                  f"a decode that cost nothing caps the ratio at {ceiling:.2f}x")
+
+
+def _batch1_vs_floor(model: str, context: int) -> None:
+    """The batch-1 fp32 decode step beside the weight-read floor measured in this run."""
+    read_bw, copy_bw = measure_bandwidth()
+    step_ms, weight_bytes, matmul_ms = batch1_step_ms(model, "float32", context)
+    floor_read = weight_bytes / (read_bw * 1e9) * 1e3
+    floor_copy = weight_bytes / (copy_bw * 1e9) * 1e3
+    print(f"\nbatch-1 decode step (fp32, context {context}): {step_ms:.1f} ms")
+    print(f"  of which the step's matmuls alone take {matmul_ms:.1f} ms")
+    print(f"  weights read per step {weight_bytes / 1e6:.0f} MB; read bw {read_bw:.1f} GB/s, "
+          f"copy bw (r+w) {copy_bw:.1f} GB/s")
+    print(f"  floor by read bw {floor_read:.1f} ms → ratio {step_ms / floor_read:.2f}x; "
+          f"floor by copy bw {floor_copy:.1f} ms → ratio {step_ms / floor_copy:.2f}x "
+          f"(target ≤ 1.5x)")
+
+
+def main() -> None:
+    p = _parser()
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -209,41 +257,8 @@ def main() -> None:
     print(f"{args.num_prompts} prompts of ~{args.prompt_len} tokens, {args.output_len} output "
           f"tokens each, {args.threads} threads, model {args.model}")
     for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
-        print(f"\n[{dtype_name}] output tokens/s", flush=True)
-        runs = {"baton": lambda: run_baton(args.model, dtype_name, prompts, args.output_len),
-                "transformers padded generate": lambda: run_hf_padded(
-                    folder, dtype, prompts, args.output_len, args.hf_batch_size)}
-        if not args.skip_hf_continuous:
-            runs["transformers generate_batch"] = lambda: run_hf_continuous(
-                folder, dtype, prompts, args.output_len)
-        rows = {}
-        for name, run in runs.items():
-            try:
-                rows[name] = run()
-            except Exception as exc:  # noqa: BLE001 - report and carry on
-                print(f"  {name:32s} failed here: {exc!r:.200}", flush=True)
-                continue
-            print(f"  {name:32s} {rows[name]:9.1f}", flush=True)
-        best = max((v for k, v in rows.items() if k != "baton"), default=None)
-        if best:
-            print(f"  baton / best transformers      {rows['baton'] / best:9.2f}x  (target ≥ 3x)")
-            floor = prefill_floor_s(args.model, prompts, dtype)
-            ceiling = args.num_prompts * args.output_len / floor / best
-            if not args.shared_prefix:  # with a shared prefix Baton skips part of the prefill
-                print(f"  prefill matmul floor {floor:.1f} s at this machine's GEMM rate → even "
-                      f"a decode that cost nothing caps the ratio at {ceiling:.2f}x")
-    read_bw, copy_bw = measure_bandwidth()
-    step_ms, weight_bytes, matmul_ms = batch1_step_ms(args.model, "float32", args.prompt_len)
-    floor_read = weight_bytes / (read_bw * 1e9) * 1e3
-    floor_copy = weight_bytes / (copy_bw * 1e9) * 1e3
-    print(f"\nbatch-1 decode step (fp32, context {args.prompt_len}): {step_ms:.1f} ms")
-    print(f"  of which the step's matmuls alone take {matmul_ms:.1f} ms")
-    print(f"  weights read per step {weight_bytes / 1e6:.0f} MB; read bw {read_bw:.1f} GB/s, "
-          f"copy bw (r+w) {copy_bw:.1f} GB/s")
-    print(f"  floor by read bw {floor_read:.1f} ms → ratio {step_ms / floor_read:.2f}x; "
-          f"floor by copy bw {floor_copy:.1f} ms → ratio {step_ms / floor_copy:.2f}x "
-          f"(target ≤ 1.5x)")
+        _compare_dtype(args, folder, prompts, dtype_name)
+    _batch1_vs_floor(args.model, args.prompt_len)
 
 
 if __name__ == "__main__":
