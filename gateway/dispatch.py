@@ -1,6 +1,6 @@
 """One request's trip through the workers; both fronts (HTTP and gRPC) use it.
 
-    stream(job):
+    stream(request):
       1. block hashes of the prompt (for KV-aware routing)
       2. route → decode (+ prefill) worker; Generate(prompt, params, prefill_address)
       3. wait for the first message (a deadline for all attempts together); if the call fails
@@ -37,7 +37,7 @@ _CLIENT_FAULT = {_C.INVALID_ARGUMENT, _C.OUT_OF_RANGE, _C.FAILED_PRECONDITION, _
 
 
 @dataclass
-class Job:
+class TokenizedRequest:
     """A templated, tokenized request ready to route."""
 
     request_id: str
@@ -61,8 +61,9 @@ class Dispatcher:
         self.inflight = 0
         self._hashes = SessionHashCache()
 
-    async def stream(self, job: Job) -> AsyncIterator[decode_pb2.GenerateResponse]:
-        """The decode worker's messages for `job` (see the module docstring)."""
+    async def stream(self, request: TokenizedRequest
+                     ) -> AsyncIterator[decode_pb2.GenerateResponse]:
+        """The decode worker's messages for `request` (see the module docstring)."""
         if self.inflight >= self.config.max_inflight:
             raise GatewayError(429, "too many requests in flight; retry shortly",
                                code="rate_limit_exceeded", retry_after=1)
@@ -70,8 +71,8 @@ class Dispatcher:
         self.metrics.inflight.inc()
         call = worker = None
         try:
-            call, worker, first = await self._start(job)
-            async for msg in self._relay(job, call, worker, first):
+            call, worker, first = await self._start(request)
+            async for msg in self._relay(request, call, worker, first):
                 yield msg
         finally:
             if call is not None and not call.done():
@@ -88,13 +89,13 @@ class Dispatcher:
         return self._hashes.hashes(token_ids, block_size, session_id) if block_size else []
 
     # ---- before the first message --------------------------------------------------------
-    async def _start(self, job: Job):
-        hashes = self.block_hashes(job.prompt_token_ids, job.session_id)
-        deadline = job.arrival + self.config.first_token_timeout_s
+    async def _start(self, request: TokenizedRequest):
+        hashes = self.block_hashes(request.prompt_token_ids, request.session_id)
+        deadline = request.arrival + self.config.first_token_timeout_s
         tried: list[str] = []
         last_error: GatewayError | None = None
         for _ in range(self.config.max_attempts):
-            decision = self.router.route(job.session_id, hashes, self.pool.views(DECODE),
+            decision = self.router.route(request.session_id, hashes, self.pool.views(DECODE),
                                          self.pool.views(PREFILL), time.monotonic(), tried)
             worker = decision and self.pool.get(DECODE, decision.decode)
             if worker is None:
@@ -103,12 +104,12 @@ class Dispatcher:
             self.metrics.routing.labels(self.config.router.policy.value, decision.reason).inc()
             worker.inflight += 1
             worker.started_since_stats += 1
-            call = worker.stub.Generate(self._request(job, decision), wait_for_ready=False)
+            call = worker.stub.Generate(self._generate_request(request, decision), wait_for_ready=False)
             try:
                 async with asyncio.timeout_at(_loop_deadline(deadline)):
                     first = await call.read()
                 if first is not grpc.aio.EOF:
-                    self.router.record(job.session_id, decision, hashes, time.monotonic())
+                    self.router.record(request.session_id, decision, hashes, time.monotonic())
                     return call, worker, first
                 last_error = GatewayError(502, f"decode worker {worker.address} ended the "
                                           "stream without output", code="upstream_error")
@@ -132,11 +133,12 @@ class Dispatcher:
                                retry_after=1)
         raise last_error
 
-    def _request(self, job: Job, decision: RouteDecision) -> decode_pb2.GenerateRequest:
+    def _generate_request(self, request: TokenizedRequest,
+                          decision: RouteDecision) -> decode_pb2.GenerateRequest:
         mode = self.config.prefill_mode
         req = decode_pb2.GenerateRequest(
-            request_id=job.request_id, prompt_token_ids=job.prompt_token_ids,
-            sampling_params=job.params, session_id=job.session_id)
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.params, session_id=request.session_id)
         if decision.prefill is None or mode is PrefillModeChoice.LOCAL:
             req.prefill_mode = decode_pb2.PREFILL_MODE_LOCAL
         else:
@@ -161,13 +163,13 @@ class Dispatcher:
                             code="upstream_error")
 
     # ---- after the first message ---------------------------------------------------------
-    async def _relay(self, job: Job, call, worker: Worker, first):
-        open_indexes = set(range(job.n))
+    async def _relay(self, request: TokenizedRequest, call, worker: Worker, first):
+        open_indexes = set(range(request.n))
         last_token_at: dict[int, float] = {}
         msg = first
         try:
             while True:
-                self._observe(job, msg, open_indexes, last_token_at)
+                self._observe(request, msg, open_indexes, last_token_at)
                 yield msg
                 if not open_indexes:
                     return
@@ -185,21 +187,22 @@ class Dispatcher:
         for index in sorted(open_indexes):
             yield decode_pb2.GenerateResponse(finished=decode_pb2.Finished(
                 index=index, finish_reason=common_pb2.FINISH_REASON_ERROR, error=error.strip()))
-        self.metrics.e2e.observe(time.monotonic() - job.arrival)
+        self.metrics.e2e.observe(time.monotonic() - request.arrival)
 
-    def _observe(self, job: Job, msg, open_indexes: set[int], last: dict[int, float]) -> None:
+    def _observe(self, request: TokenizedRequest, msg, open_indexes: set[int],
+                 last: dict[int, float]) -> None:
         now = time.monotonic()
         if msg.WhichOneof("kind") == "tokens":
             i = msg.tokens.index
             if not last:
-                self.metrics.ttft.observe(now - job.arrival)
+                self.metrics.ttft.observe(now - request.arrival)
             elif i in last:
                 self.metrics.itl.observe(now - last[i])
             last[i] = now
             return
         open_indexes.discard(msg.finished.index)
         if not open_indexes:
-            self.metrics.e2e.observe(now - job.arrival)
+            self.metrics.e2e.observe(now - request.arrival)
             usage = msg.finished.usage
             self.metrics.prompt_tokens.inc(usage.prompt_tokens)
             self.metrics.cached_tokens.inc(usage.cached_tokens)

@@ -20,7 +20,7 @@ import grpc
 
 from baton.sampling_params import SamplingParams
 from gateway.config import GatewayConfig
-from gateway.dispatch import Dispatcher, Job
+from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError
 from gateway.prompts import PromptBuilder, PromptError
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -45,7 +45,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                     self._prompts.max_model_len)
         except (PromptError, ValueError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        job = Job(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
+        job = TokenizedRequest(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
                   request.session_id, arrival)
         messages = self._dispatcher.stream(job)
         try:

@@ -4,7 +4,7 @@ A request's life here:
   1. `Guard` (gateway/asgi.py): API key, body size, arrival time.
   2. FastAPI + pydantic parse the body (bad JSON / types → 400 in OpenAI's error shape).
   3. model check (404), template + tokenize (gateway/prompts.py), context check (400),
-     SamplingParams (gateway/protocol.py) → a `Job`.
+     SamplingParams (gateway/protocol.py) → a `TokenizedRequest`.
   4. `Dispatcher.stream(job)` routes and relays the decode worker's messages. For a stream the
      first message is awaited before answering, so routing failures still get a real status
      (429/503/504 with Retry-After); after that, failures are SSE error events.
@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disconnect
 from gateway.config import GatewayConfig
-from gateway.dispatch import Dispatcher, Job
+from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError, error_body, status_phrase
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, PromptError
@@ -126,7 +126,8 @@ class Routes:
         session = headers.get("x-session-id") or headers.get("x-correlation-id") or body.user
         spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n, len(ids),
                           body.num_logprobs, parse_tools, body.include_usage)
-        messages = self.dispatcher.stream(Job(rid, ids, params, session or "", arrival))
+        messages = self.dispatcher.stream(
+            TokenizedRequest(rid, ids, params, session or "", arrival))
         if body.stream:
             return await _stream(spec, messages, self.prompts, self.metrics)
         try:
