@@ -104,7 +104,8 @@ class Dispatcher:
             self.metrics.routing.labels(self.config.router.policy.value, decision.reason).inc()
             worker.inflight += 1
             worker.started_since_stats += 1
-            call = worker.stub.Generate(self._generate_request(request, decision), wait_for_ready=False)
+            call = worker.stub.Generate(self._generate_request(request, decision),
+                                        wait_for_ready=False)
             try:
                 async with asyncio.timeout_at(_loop_deadline(deadline)):
                     first = await call.read()
