@@ -129,7 +129,7 @@ class Routes:
         messages = self.dispatcher.stream(
             TokenizedRequest(rid, ids, params, session or "", arrival))
         if body.stream:
-            return await _stream(spec, messages, self.prompts, self.metrics)
+            return await _stream(request, spec, messages, self.prompts, self.metrics)
         try:
             result = await until_disconnect(request.receive,
                                             collect(spec, messages, self.prompts.token_text))
@@ -141,10 +141,18 @@ class Routes:
         return JSONResponse(result)
 
 
-async def _stream(spec: OutputSpec, messages: AsyncIterator, prompts: PromptBuilder,
-                  metrics: GatewayMetrics):
+async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
+                  prompts: PromptBuilder, metrics: GatewayMetrics):
+    """SSE of the request's messages. The first message is awaited before any byte is sent
+    (routing errors become a plain HTTP error), watching the connection meanwhile: a client
+    that leaves before its first token aborts the chain (decode, and prefill from there)
+    at once, not after the whole prompt was prefilled and sent."""
     try:
-        first = await anext(messages)  # routing errors raise here, before any byte is sent
+        first = await until_disconnect(request.receive, anext(messages))
+    except ClientGone:
+        await messages.aclose()
+        metrics.disconnects.inc()
+        return Response(status_code=499)
     except BaseException:
         await messages.aclose()
         raise

@@ -114,6 +114,18 @@ async def test_stream_disconnect_cancels_the_decode_call(gateway, fake):
     await wait_for(lambda: gateway.dispatcher.inflight == 0)
 
 
+async def test_stream_disconnect_before_the_first_token_cancels_the_decode_call(gateway,
+                                                                               fake):
+    """The client leaves while its prompt is still being prefilled (no message yet)."""
+    fake.servicer.behavior = Behavior(first_delay_s=30)
+    async with httpx.AsyncClient(base_url=gateway.http_url) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, timeout=0.3)
+    await wait_for(lambda: fake.servicer.cancelled, timeout=1.0)
+    assert fake.servicer.cancelled == [fake.servicer.requests[-1].request_id]
+    await wait_for(lambda: gateway.dispatcher.inflight == 0)
+
+
 async def test_non_stream_disconnect_cancels_the_decode_call(gateway, fake):
     fake.servicer.behavior = Behavior(first_delay_s=30)
     async with httpx.AsyncClient(base_url=gateway.http_url) as c:
