@@ -7,8 +7,10 @@ A request's walk through this package (decode first, push model):
   2. servicer.Prefill → worker.PrefillWorker.prefill: validate, run the prompt through the
      engine (its own prefix cache, batched and chunked by its scheduler), sample the first
      token, send the blocks the decode worker lacks into its dst_block_ids, reply with the
-     token and counts; the blocks stay held under a lease.
+     token and counts; the blocks stay held under a lease (lease.py). The request is a
+     sequence.PrefillSequence whose PrefillState changes in one place.
   3. servicer.ReleaseBlocks (or lease expiry): the hold ends; blocks stay in the prefix cache.
-  4. servicer.Abort at any point; never frees blocks while their transfer is in flight.
+  4. servicer.Abort at any point; never frees blocks while their transfer is in flight, and
+     leaves a tombstone (lease.py) so a Prefill arriving after its Abort is refused.
 server.py wires it into a process (`python -m prefill_service`, see config.py for flags).
 """

@@ -11,7 +11,7 @@ import pytest
 
 from baton.sampling_params import SamplingParams
 from baton.transfer import KVSender
-from prefill_service.worker import PrefillState
+from prefill_service.sequence import PrefillState
 from protos import common_pb2
 from tests.services.helpers import pools_whole, request
 
