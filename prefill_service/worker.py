@@ -149,7 +149,9 @@ class PrefillWorker:
             first = await self._compute(seq)
             seq.move(PrefillState.SENDING_KV)
             sent, seconds = await self._send(seq)
-        except BaseException as exc:  # blocks are freed by now: forget the sequence
+        except BaseException as exc:  # forget the sequence; its blocks must be freed too
+            if not isinstance(exc, PrefillEnded):  # a bug or a cancel: blocks may be held
+                await asyncio.shield(self.ae.call(lambda eng: self.holds.abort(rid)))
             if seq.state != PrefillState.RELEASED:
                 seq.move(PrefillState.RELEASED)
             if self.entries.get(rid) is seq:

@@ -365,3 +365,20 @@ async def test_prefill_validates_and_honours_tombstones(cluster, model):
     resp = await stub.Prefill(wrong, timeout=10)
     assert resp.status == prefill_pb2.PREFILL_STATUS_LAYOUT_MISMATCH
     await pools_whole(prefill, decode)
+
+
+async def test_a_fault_while_sending_kv_frees_the_held_blocks(cluster, model, monkeypatch):
+    """A bug in SENDING_KV (here: waiting on the transfer raises) must not leave the prompt's
+    blocks held forever: the sequence is dropped and its blocks with it; decode recomputes."""
+    prefill = await cluster.prefill(model, "grpc")
+    decode = await cluster.decode(model, "grpc", prefill.address)
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("injected fault while sending")
+
+    monkeypatch.setattr(prefill.sender, "wait_async", broken)
+    prompt = prompt_of(40, 6)
+    res = await cluster.client(decode).generate(prompt)
+    assert res.output == hf_greedy(model, prompt, 8)
+    await pools_whole(prefill, decode, timeout=3)
+    assert len(prefill.holds) == 0
