@@ -1,7 +1,8 @@
 """Per-request sampling parameters, in the shape of vLLM's `SamplingParams`.
 
-Order of operations in the `Sampler` (baton/engine/sampler.py): temperature, then top-k, top-p,
-min-p, then one draw. Stop conditions (`stop`, `stop_token_ids`, eos, `max_tokens`,
+Order of operations in the `Sampler` (baton/engine/sampler.py): logit bias, then repetition,
+frequency and presence penalties (baton/engine/penalties.py), temperature, then top-k, top-p,
+min-p, then one draw (greedy: the argmax of the biased, penalized logits). Stop conditions (`stop`, `stop_token_ids`, eos, `max_tokens`,
 `min_tokens`) are applied by the engine and the `IncrementalDetokenizer`.
 """
 from __future__ import annotations
@@ -32,6 +33,13 @@ class SamplingParams:
     logprobs: None for none; 0 for the chosen token's logprob only; k for it and the top k.
     include_stop_str_in_output: keep the matched stop string at the end of the output.
     skip_special_tokens: leave special tokens out of the output text.
+    presence_penalty: in [-2, 2]; subtracted once from the logit of every token already in
+        the output (OpenAI's and vLLM's definition).
+    frequency_penalty: in [-2, 2]; subtracted from a token's logit once per time it occurs
+        in the output.
+    repetition_penalty: > 0 (1 = off); divides positive and multiplies negative logits of
+        tokens in the prompt or the output (CTRL; vLLM's definition).
+    logit_bias: token id → value in [-100, 100] added to its logit before sampling.
     """
 
     n: int = 1
@@ -48,6 +56,10 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -57,6 +69,7 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        self.logit_bias = {} if self.logit_bias is None else dict(self.logit_bias)
         self._validate()
 
     def _validate(self) -> None:
@@ -90,11 +103,34 @@ class SamplingParams:
                 raise ValueError("stop must not contain an empty string")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, low=0)
+        self._validate_penalties()
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got "
+                             f"{self.repetition_penalty}")
+        for token, bias in self.logit_bias.items():
+            _check_int("logit_bias token id", token, low=0)
+            _check_number("logit_bias value", bias)
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
 
     @property
     def is_greedy(self) -> bool:
         """True when the sampler takes the argmax (temperature ~ 0)."""
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when a penalty depends on the prompt or output tokens."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
 
     @property
     def top_k_enabled(self) -> bool:

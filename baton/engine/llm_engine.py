@@ -122,6 +122,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} already exists")
         max_tokens = resolve_max_tokens(prompt_token_ids, params.max_tokens, self.vocab_size,
                                         self.max_model_len)
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
         req = Request(request_id, list(prompt_token_ids), params, max_tokens,
                       eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids)
         if params.seed is not None:

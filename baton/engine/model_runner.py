@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from baton.models.decoder import AttentionMetadata, DecoderModel
+from baton.engine.penalties import needs_token_history
 from baton.engine.sampler import Sampler, SamplerOutput
 from baton.engine.sched_output import ScheduledRequest
 
@@ -50,8 +51,10 @@ class ModelRunner:
             return [], None
         logits = self.model.compute_logits(hidden[ends[sampling]])
         rows = [batch[i] for i in sampling]
-        out = self.sampler(logits, [r.request.sampling_params for r in rows],
-                           [r.request.generator for r in rows])
+        params = [r.request.sampling_params for r in rows]
+        history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
+            if needs_token_history(params) else None
+        out = self.sampler(logits, params, [r.request.generator for r in rows], history)
         return rows, out
 
     def _prepare(self, batch: list[ScheduledRequest]):

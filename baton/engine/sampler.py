@@ -1,7 +1,8 @@
 """Turns one step's logits into next tokens, one row per running sequence.
 
-Per row: temperature, then top-k, top-p and min-p filtering, then one draw, all vectorized
-over the batch with the per-row parameters held as tensors. Greedy rows take the argmax.
+Per row: logit bias and penalties (penalties.py, only for rows that ask), temperature, then
+top-k, top-p and min-p filtering, then one draw, all vectorized over the batch with the
+per-row parameters held as tensors. Greedy rows take the argmax.
 
 Drawing (the exponential race, a form of the Gumbel-max trick): with q_i ~ Exp(1)
 independent, argmax_i p_i / q_i is distributed as Categorical(p), because
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from baton.engine.penalties import apply_logit_processing
 from baton.sampling_params import SamplingParams
 
 
@@ -50,15 +52,19 @@ class Sampler:
     """Stateless; call it with a step's logits, the rows' params and their generators."""
 
     def __call__(self, logits: Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> SamplerOutput:
-        """logits: [B, V] float32 (raw, before temperature); params, generators: length B."""
+                 generators: list[torch.Generator | None],
+                 history: list[tuple[list[int], list[int]]] | None = None) -> SamplerOutput:
+        """logits: [B, V] float32 (raw, before temperature); params, generators: length B;
+        history: per row (prompt ids, output ids), needed when a row has penalties
+        (`penalties.needs_token_history`). Logprobs and ranks come from the raw logits."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators), (
             f"logits {tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
         logits = logits.float()
+        processed = apply_logit_processing(logits, params, history)
         greedy = [p.is_greedy for p in params]
-        token_ids = logits.argmax(dim=-1)
+        token_ids = processed.argmax(dim=-1)
         if not all(greedy):
-            sampled = _sample(logits, params, generators, greedy)
+            sampled = _sample(processed, params, generators, greedy)
             mask = torch.tensor(greedy, device=logits.device)
             token_ids = torch.where(mask, token_ids, sampled)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [B, 1]
