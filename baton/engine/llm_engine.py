@@ -259,6 +259,16 @@ class LLMEngine:
     def num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """The KV pool tensor the transports read and write (the model runner's)."""
+        return self.runner.kv_cache
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the KV pool."""
+        return self.kv.num_blocks
+
     # ---- step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """Run one scheduling + forward step; return the requests that progressed.
