@@ -19,8 +19,8 @@ import grpc
 
 from baton.worker.async_engine import AsyncEngine
 from baton.engine.llm_engine import LLMEngine
+from baton.grpc_options import CHANNEL_OPTIONS
 from baton.worker.process import (
-    CHANNEL_OPTIONS,
     add_health,
     bind,
     served_model_name,

@@ -5,7 +5,7 @@ A worker's `main` does, in order:
     args = parser (add_engine_args + add_server_args + its own flags)
     config = its frozen config (engine_config_from_args, server_config_from_args, ...)
     configure_logging(level); uvloop.run(serve(config))
-and `serve` loads the engine, builds the grpc.aio server (CHANNEL_OPTIONS), adds the health
+and `serve` loads the engine, builds the grpc.aio server (baton.grpc_options), adds the health
 service (SERVING once the model is loaded), starts the metrics server, prints `READY port=N`
 for launchers, waits for SIGTERM/SIGINT (stop_event), drains, stops.
 """
@@ -27,17 +27,6 @@ from baton.config import CacheConfig, EngineConfig, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
-# One set of channel/server options for every internal gRPC hop (KV chunks stay ≤ 2 MiB).
-# Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): a peer restarted on
-# the same address is used again within seconds, not minutes after it came back.
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", 16 << 20),
-    ("grpc.max_receive_message_length", 16 << 20),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
-)
 # Request ids travel in logs and key engine state: keep them short.
 MAX_REQUEST_ID_LEN = 256
 
