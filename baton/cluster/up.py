@@ -40,9 +40,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.roles import ROLE_MODULES
+
 _PR_SET_PDEATHSIG = 1
-# The module each role runs as (`python -m MODULE`); tests point these at stand-ins.
-ROLE_MODULES = {"prefill": "prefill_service", "decode": "decode_service", "gateway": "gateway"}
 _READY = re.compile(r"READY port=(\d+)")
 
 
