@@ -106,8 +106,7 @@ def worker_stats(engine: LLMEngine, role: int, worker_id: str, layout: common_pb
         role=role, worker_id=worker_id, num_running=len(sched.running),
         num_waiting=len(sched.waiting) + remote_wait, num_waiting_tokens=waiting_tokens,
         num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
-        num_cached_blocks=len(kv.pool.cached), load=load, kv_layout=layout, kv_epoch=kv_epoch,
-        kv_seq=0)
+        num_cached_blocks=len(kv.pool.cached), load=load, kv_layout=layout, kv_epoch=kv_epoch)
     if include_block_hashes:
         stats.snapshot.block_hashes.extend(kv.cached_block_hashes())
     return stats
