@@ -18,7 +18,7 @@ import pytest
 
 from baton.cluster.up import _worker_args
 from baton.cluster.up import build_parser as up_parser
-from baton.worker.process import ServerConfig
+from baton.worker.flags import ServerConfig
 from decode_service.config import parse_args as decode_args
 from gateway.config import parse_args as gateway_args
 from prefill_service.config import parse_args as prefill_args
@@ -86,7 +86,7 @@ def test_wildcard_bind_advertises_a_dialable_address():
     0.0.0.0; an explicit address wins; IPv6 literals are bracketed."""
     import ipaddress
 
-    from baton.worker.process import advertised_address
+    from baton.worker.start import advertised_address
 
     host, _, port = advertised_address("0.0.0.0", 5005).rpartition(":")
     assert port == "5005" and not ipaddress.ip_address(host).is_unspecified
