@@ -16,7 +16,7 @@ import ipaddress
 import psutil
 import pytest
 
-from baton.cluster.up import _worker_args
+from baton.cluster.plan import prefill_args as up_worker_args
 from baton.cluster.up import build_parser as up_parser
 from baton.worker.flags import ServerConfig
 from decode_service.config import parse_args as decode_args
@@ -35,7 +35,7 @@ def test_every_server_defaults_to_loopback():
     gw = gateway_args(["--decode", "127.0.0.1:50051"])
     assert gw.host == gw.grpc_host == "127.0.0.1"
     up = up_parser().parse_args([])
-    worker = _worker_args(up)
+    worker = up_worker_args(up)
     assert up.host == "127.0.0.1" and worker[worker.index("--host") + 1] == "127.0.0.1"
 
 
