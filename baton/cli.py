@@ -61,6 +61,7 @@ def _generate(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`baton COMMAND ARGS` (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = ["prepare-model", "generate", *ROLE_COMMANDS, "up", "bench"]
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:

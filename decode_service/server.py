@@ -76,6 +76,7 @@ class DecodeServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m decode_service ARGS`; returns the exit status."""
     return run_worker(parse_args, DecodeServer, argv)
 
 

@@ -30,6 +30,7 @@ class _Serving:
         self.port = gateway.http_port
 
     async def stop(self) -> None:
+        """Stop the gateway (stop accepting, let streams finish, close)."""
         logger.info("shutting down")
         await self.gateway.stop()
 
@@ -51,6 +52,7 @@ async def start(config: GatewayConfig) -> _Serving:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m gateway ARGS`; returns the exit status."""
     config = parse_args(argv)
     return run_process(lambda: start(config), config.log_level)
 

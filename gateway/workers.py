@@ -236,6 +236,7 @@ class WorkerPool:
             await asyncio.sleep(self.config.poll_interval_s)
 
     async def poll_once(self, w: Worker) -> None:
+        """One health check and GetStats of `w`; a new kv_epoch drops what we knew of it."""
         timeout = self.config.rpc_timeout_s
         req = common_pb2.GetStatsRequest(include_block_hashes=self._include_hashes)
         health, stats = await asyncio.gather(

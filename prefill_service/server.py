@@ -69,6 +69,7 @@ class PrefillServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m prefill_service ARGS`; returns the exit status."""
     return run_worker(parse_args, PrefillServer, argv)
 
 

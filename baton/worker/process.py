@@ -101,7 +101,8 @@ class Serving(Protocol):
     port: int
     metrics_port: int | None
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        """Drain and stop (called once, after the stop event or a failure)."""
 
 
 class StartFailed(Exception):
