@@ -3,13 +3,15 @@ server and its health service, metrics and the log lines; the role adds only its
 
     rt = await start_worker("decode", SERVICE_NAME, config, build)
       1. LLMEngine(config.engine) and its thread (AsyncEngine); the KV layout of engine.kv_cache
-      2. grpc.aio server (CHANNEL_OPTIONS) bound to config.server; the health service (NOT_SERVING)
+      2. grpc.aio server (CHANNEL_OPTIONS) bound to config.server; health (NOT_SERVING yet)
       3. parts = build(rt): the role makes its transport, metrics, worker and servicer over
          rt.engine / rt.ae / rt.layout and adds its services to rt.server (rt.address known)
       4. server.start(); health SERVING; metrics HTTP (--metrics-port); "<role> worker serving"
     await rt.stop(drain_s)
       health NOT_SERVING (enter_graceful_shutdown), parts.drain(s), server.stop(grace=1),
       parts.close(), the engine thread ends; "<role> worker stopped"
+The server pieces it uses (bind, advertised_address, add_health, set_serving,
+start_metrics_server) follow it below.
 """
 from __future__ import annotations
 
