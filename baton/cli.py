@@ -17,8 +17,10 @@ import argparse
 import os
 import sys
 
-ROLE_MODULES = {"serve-prefill": "prefill_service", "serve-decode": "decode_service",
-                "gateway": "gateway"}
+from baton.roles import ROLE_MODULES
+
+# `baton COMMAND` -> the role it execs (see baton/roles.py for the module of each).
+ROLE_COMMANDS = {"serve-prefill": "prefill", "serve-decode": "decode", "gateway": "gateway"}
 
 
 def _prepare_model(argv: list[str]) -> int:
@@ -59,15 +61,17 @@ def _generate(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`baton COMMAND ARGS` (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ["prepare-model", "generate", *ROLE_MODULES, "up", "bench"]
+    commands = ["prepare-model", "generate", *ROLE_COMMANDS, "up", "bench"]
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help")
               else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd in ROLE_MODULES:
-        os.execv(sys.executable, [sys.executable, "-m", ROLE_MODULES[cmd], *rest])
+    if cmd in ROLE_COMMANDS:
+        module = ROLE_MODULES[ROLE_COMMANDS[cmd]]
+        os.execv(sys.executable, [sys.executable, "-m", module, *rest])
     if cmd == "prepare-model":
         return _prepare_model(rest)
     if cmd == "generate":

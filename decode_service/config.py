@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from baton.config import EngineConfig
-from baton.worker.process import (
+from baton.worker.flags import (
     ServerConfig,
     add_engine_args,
     add_server_args,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from baton.worker.process import CHANNEL_OPTIONS, Rejected
+from baton.grpc_options import CHANNEL_OPTIONS
+from baton.worker.process import Rejected
 from baton.transfer import TRANSPORT_KINDS, KVLayoutError, check_compatible, kv_layout_hash
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 

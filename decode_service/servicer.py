@@ -9,21 +9,21 @@
 """
 from __future__ import annotations
 
-import secrets
-
 import grpc
 
 from baton.worker.process import Rejected
-from baton.worker.wire import worker_stats
+from baton.worker.stats_rpc import StatsRpc
 from decode_service.worker import DecodeWorker
 from protos import common_pb2, decode_pb2_grpc
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
+    """DecodeService of one decode worker (`worker_id`: its advertised address)."""
+
     def __init__(self, worker: DecodeWorker, layout: common_pb2.KVLayout,
                  worker_id: str) -> None:
-        self.worker, self.layout, self.worker_id = worker, layout, worker_id
-        self.kv_epoch = secrets.randbits(64)
+        self.worker = worker
+        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_DECODE, worker_id, layout)
 
     async def Generate(self, request, context):
         sent = False
@@ -41,9 +41,4 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
         return common_pb2.AbortResponse(found=await self.worker.abort(request.request_id))
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
-        ae = self.worker.ae
-        snap = await ae.call(lambda eng: eng.stats(request.include_block_hashes))
-        stats = worker_stats(snap, common_pb2.WORKER_ROLE_DECODE, self.worker_id, self.layout,
-                             self.kv_epoch)
-        stats.num_steps = ae.num_steps
-        return stats
+        return await self.stats(request)

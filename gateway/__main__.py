@@ -1,46 +1,60 @@
-"""`python -m gateway ARGS` (also `baton gateway ARGS`); see gateway/config.py for the flags."""
+"""`python -m gateway ARGS` (also `baton gateway ARGS`); see gateway/config.py for the flags.
+
+    main(argv) → parse_args → GatewayConfig → run_process(start, log_level)
+    (baton/worker/process.py, as the workers: JSON logs, uvloop, SIGTERM/SIGINT → stop event)
+      start: Gateway(config).start(); prints `[gateway] serving ...` (for people), then
+             run_process prints `READY port=<HTTP port>` (for launchers); a failed start
+             prints `[gateway] failed to start: ...` and the process exits with status 1
+      on the stop event: Gateway.stop() (stop accepting, let streams finish, close)
+"""
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import sys
 
-import uvloop
-
+from baton.worker.process import StartFailed, run_process
 from gateway.config import GatewayConfig, parse_args
 from gateway.server import Gateway
 
 logger = logging.getLogger("gateway")
 
 
-async def serve(config: GatewayConfig) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+class _Serving:
+    """A started gateway as run_process sees it: its HTTP port, no separate metrics port
+    (GET /metrics is on the HTTP port), and stop()."""
+
+    metrics_port = None
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.port = gateway.http_port
+
+    async def stop(self) -> None:
+        """Stop the gateway (stop accepting, let streams finish, close)."""
+        logger.info("shutting down")
+        await self.gateway.stop()
+
+
+async def start(config: GatewayConfig) -> _Serving:
+    """Start a gateway and say so; StartFailed (after saying why) when it cannot start."""
     gateway = Gateway(config)
     try:
         await gateway.start()
     except Exception as e:
         print(f"[gateway] failed to start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         await gateway.stop()
-        return 1
+        raise StartFailed from e
     grpc_note = f", gRPC on {gateway.grpc_address}" if gateway.grpc_address else ""
     print(f"[gateway] serving {config.served_model_name} on {gateway.http_url}{grpc_note} "
           f"(routing {config.router.policy.value}; decode {','.join(config.decode) or '-'}; "
           f"prefill {','.join(config.prefill) or '-'})", flush=True)
-    await stop.wait()
-    logger.info("shutting down")
-    await gateway.stop()
-    return 0
+    return _Serving(gateway)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m gateway ARGS`; returns the exit status."""
     config = parse_args(argv)
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s")
-    return uvloop.run(serve(config))
+    return run_process(lambda: start(config), config.log_level)
 
 
 if __name__ == "__main__":

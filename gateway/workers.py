@@ -3,12 +3,12 @@
     specs (--decode/--prefill, --workers-file) ──resolve every dns_refresh_s──▶ addresses
     per address: channel + poll loop every poll_interval_s:
         grpc.health.v1 Check("")   SERVING → healthy; NOT_SERVING or no answer → unhealthy
-        GetStats(delta since seq)  load and block hashes; a failure only lets them go stale
+        GetStats                   load and block hashes; a failure only lets them go stale
                                    (no health service: GetStats answering = healthy)
 
 A worker that fails a call (UNAVAILABLE) is marked unhealthy at once (`mark_failed`), so the
-next request goes elsewhere without waiting for a poll. Block hashes arrive as a snapshot or a
-delta (protos/common.proto); a new kv_epoch means the worker restarted: its old hashes go.
+next request goes elsewhere without waiting for a poll. Block hashes arrive as a full
+snapshot (protos/common.proto); a new kv_epoch means the worker restarted: its old hashes go.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton.grpc_options import CHANNEL_OPTIONS as BASE_CHANNEL_OPTIONS, with_options
 from gateway.config import GatewayConfig, split_host_port
 from gateway.router import WorkerView
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -32,17 +33,12 @@ logger = logging.getLogger(__name__)
 
 DECODE, PREFILL = "decode", "prefill"
 
-# One set of channel options for every worker channel: big stats snapshots, keepalive so a
-# dead peer is noticed on idle channels, quick reconnects after a worker restarts.
-CHANNEL_OPTIONS = (
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.max_send_message_length", 256 << 20),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
-)
+# The shared options, with a faster keepalive that also runs on idle channels (between
+# polls no call is open): a dead worker is noticed within ~15 s, not at the next call.
+# Message limits stay the shared 16 MiB: a worker's server sends no bigger answer (stats
+# snapshots included), so a larger receive limit here could never be used.
+CHANNEL_OPTIONS = with_options(BASE_CHANNEL_OPTIONS, keepalive_time_ms=10_000,
+                               keepalive_timeout_ms=5_000, keepalive_permit_without_calls=1)
 
 
 @dataclass
@@ -58,9 +54,7 @@ class Worker:
     stats: common_pb2.WorkerStats | None = None
     stats_at: float = 0.0
     block_hashes: set[int] = field(default_factory=set)
-    kv_epoch: int = 0          # sent in the next GetStats (0 = ask for a snapshot)
-    kv_seq: int = 0
-    kv_epoch_seen: int = 0     # epoch of the hashes we hold
+    kv_epoch: int = 0          # epoch of the hashes we hold (0 = no stats yet)
     inflight: int = 0
     started_since_stats: int = 0
     last_error: str = ""
@@ -76,18 +70,10 @@ class Worker:
 
 
 def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> None:
-    """Take a GetStats reply: load, and the block-hash snapshot or delta."""
-    kind = stats.WhichOneof("block_hashes")
-    worker.kv_epoch, worker.kv_seq = stats.kv_epoch, stats.kv_seq
-    if kind == "snapshot":
+    """Take a GetStats reply: load, its epoch, and the block-hash snapshot when it has one."""
+    if stats.HasField("snapshot"):
         worker.block_hashes = set(stats.snapshot.block_hashes)
-    elif kind == "delta" and stats.kv_epoch == worker.kv_epoch_seen:
-        worker.block_hashes.difference_update(stats.delta.removed)
-        worker.block_hashes.update(stats.delta.stored)
-    elif kind == "delta":  # a delta against an epoch we never saw: ask for a snapshot next
-        worker.block_hashes = set()
-        worker.kv_epoch = worker.kv_seq = 0
-    worker.kv_epoch_seen = stats.kv_epoch
+    worker.kv_epoch = stats.kv_epoch
     worker.stats, worker.stats_at, worker.started_since_stats = stats, now, 0
 
 
@@ -250,14 +236,14 @@ class WorkerPool:
             await asyncio.sleep(self.config.poll_interval_s)
 
     async def poll_once(self, w: Worker) -> None:
+        """One health check and GetStats of `w`; a new kv_epoch drops what we knew of it."""
         timeout = self.config.rpc_timeout_s
-        req = common_pb2.GetStatsRequest(include_block_hashes=self._include_hashes,
-                                         kv_epoch=w.kv_epoch, since_seq=w.kv_seq)
+        req = common_pb2.GetStatsRequest(include_block_hashes=self._include_hashes)
         health, stats = await asyncio.gather(
             w.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout),
             w.stub.GetStats(req, timeout=timeout), return_exceptions=True)
         if not isinstance(stats, BaseException):
-            old_epoch = w.kv_epoch_seen
+            old_epoch = w.kv_epoch
             apply_stats(w, stats, time.monotonic())
             if old_epoch and stats.kv_epoch != old_epoch:
                 self._on_removed(w.address)  # restarted: its cache and our sent index are gone

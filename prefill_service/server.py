@@ -1,49 +1,39 @@
 """The prefill worker process: build everything from one config, serve, drain on SIGTERM.
 
     main(argv) → parse_args → PrefillConfig → run_worker(parse_args, Server, argv): uvloop, serve until SIGTERM, drain
-    serve: PrefillServer.start()
-      1. load the engine (model, dtype, KV pool) and start its thread (AsyncEngine)
-      2. make the KV sender over the engine's kv_cache (--transport nixl | grpc)
-      3. grpc.aio server: PrefillService + health (SERVING now that the model is loaded)
-      4. metrics HTTP (--metrics-port), then print `READY port=N` for launchers
+    serve: PrefillServer.start() → start_worker (baton/worker/start.py) with the prefill parts:
+      1. the engine (model, dtype, KV pool) and its thread (AsyncEngine); the grpc.aio server
+         and health service (start_worker)
+      2. here: the KV sender over the engine's kv_cache (--transport nixl | grpc), metrics,
+         the PrefillWorker (its lease reaper started) and PrefillService
+      3. serve (SERVING now that the model is loaded), metrics HTTP (--metrics-port), then
+         print `READY port=N` for launchers
     SIGTERM/SIGINT → health NOT_SERVING, refuse new prefills, let in-flight ones finish
     (--drain-seconds), release held blocks, stop the server and the engine.
 """
 from __future__ import annotations
 
-import logging
 import sys
 
-import grpc
-
-from baton.worker.async_engine import AsyncEngine
 from baton.engine.block_holds import BlockHolds
-from baton.engine.llm_engine import LLMEngine
-from baton.worker.process import (
-    CHANNEL_OPTIONS,
-    add_health,
-    bind,
-    served_model_name,
-    set_serving,
-    run_worker,
-    start_metrics_server,
-)
-from baton.transfer import kv_layout, make_sender
+from baton.transfer import make_sender
+from baton.worker.process import run_worker
+from baton.worker.start import RoleParts, WorkerRuntime, start_worker
 from prefill_service.config import PrefillConfig, parse_args
 from prefill_service.metrics import PrefillMetrics
 from prefill_service.servicer import PrefillServicer
 from prefill_service.worker import PrefillWorker
 from protos import prefill_pb2, prefill_pb2_grpc
 
-log = logging.getLogger(__name__)
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["PrefillService"].full_name
 
 
 class PrefillServer:
     """One prefill worker. `await start()` binds and serves; `await stop()` drains and ends.
 
-    Tests run it in-process (port 0): `port`, `address`, `engine` (the LLMEngine), `worker`
-    and `metrics` are there to look at.
+    Tests run it in-process (port 0): `port`, `address`, `engine` (the LLMEngine), `worker`,
+    `sender`, `servicer` and `metrics` are there to look at (the shared ones once start()
+    returned; `runtime` holds the rest of the skeleton).
     """
 
     def __init__(self, config: PrefillConfig) -> None:
@@ -53,44 +43,35 @@ class PrefillServer:
         self.metrics_port: int | None = None
 
     async def start(self) -> PrefillServer:
-        cfg = self.config
-        self.engine = LLMEngine(cfg.engine)
-        self.ae = AsyncEngine(self.engine)
-        self.ae.start()
-        kv_cache = self.engine.kv_cache
-        self.layout = kv_layout(served_model_name(cfg.engine, cfg.served_model_name), kv_cache)
-        self.sender = make_sender(cfg.transport, kv_cache, self.layout)
-        self.metrics = PrefillMetrics()
-        self.holds = BlockHolds(self.engine)
-        self.worker = PrefillWorker(cfg, self.ae, self.holds, self.sender, self.metrics)
-        self.metrics.watch(self.engine, self.worker.entries)
-        self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
-        self.port, self.address = bind(self.server, cfg.server)
-        self.servicer = PrefillServicer(self.worker, self.layout, cfg.transport, self.address)
-        prefill_pb2_grpc.add_PrefillServiceServicer_to_server(self.servicer, self.server)
-        self.health = add_health(self.server)
-        await self.server.start()
-        self.worker.start()
-        await set_serving(self.health, [SERVICE_NAME], True)
-        self.metrics_port = start_metrics_server(cfg.server.host, cfg.server.metrics_port,
-                                                 self.metrics.registry)
-        log.info("prefill worker serving", extra={"address": self.address,
-                                                  "transport": cfg.transport,
-                                                  "num_blocks": self.engine.num_blocks})
+        """Load, bind and serve (see the module docstring)."""
+        self.runtime = rt = await start_worker("prefill", SERVICE_NAME, self.config,
+                                               self._add_role)
+        self.port, self.address, self.metrics_port = rt.port, rt.address, rt.metrics_port
         return self
+
+    def _add_role(self, rt: WorkerRuntime) -> RoleParts:
+        cfg = self.config
+        self.engine, self.ae, self.layout = rt.engine, rt.ae, rt.layout
+        self.sender = make_sender(cfg.transport, rt.engine.kv_cache, rt.layout)
+        self.metrics = PrefillMetrics()
+        self.holds = BlockHolds(rt.engine)
+        self.worker = PrefillWorker(cfg, rt.ae, self.holds, self.sender, self.metrics)
+        self.metrics.watch(rt.engine, self.worker.entries)
+        self.servicer = PrefillServicer(self.worker, rt.layout, cfg.transport, rt.address)
+        prefill_pb2_grpc.add_PrefillServiceServicer_to_server(self.servicer, rt.server)
+        self.worker.start()  # the lease reaper; nothing is leased before the server serves
+        return RoleParts(self.metrics.registry, self.worker.drain, self._close)
+
+    async def _close(self) -> None:
+        self.sender.close()
 
     async def stop(self, drain_s: float | None = None) -> None:
         """Drain (NOT_SERVING, finish in-flight prefills, release held blocks), then stop."""
-        await self.health.enter_graceful_shutdown()
-        drain = self.config.server.drain_seconds if drain_s is None else drain_s
-        await self.worker.drain(drain)
-        await self.server.stop(grace=1.0)
-        self.sender.close()
-        self.ae.shutdown()
-        log.info("prefill worker stopped", extra={"address": self.address})
+        await self.runtime.stop(drain_s)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m prefill_service ARGS`; returns the exit status."""
     return run_worker(parse_args, PrefillServer, argv)
 
 

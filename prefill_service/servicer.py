@@ -9,13 +9,12 @@
 from __future__ import annotations
 
 import logging
-import secrets
 
 import grpc
 
 from baton.worker.process import Rejected
 from baton.transfer import TRANSPORT_KINDS, KVLayoutError, check_compatible, kv_layout_hash
-from baton.worker.wire import worker_stats
+from baton.worker.stats_rpc import StatsRpc
 from prefill_service.worker import PrefillWorker
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc
 
@@ -23,12 +22,14 @@ log = logging.getLogger(__name__)
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
+    """PrefillService of one prefill worker (`worker_id`: its advertised address)."""
+
     def __init__(self, worker: PrefillWorker, layout: common_pb2.KVLayout, transport: str,
                  worker_id: str) -> None:
         self.worker, self.layout, self.worker_id = worker, layout, worker_id
         self.layout_hash = kv_layout_hash(layout)
         self.transport = TRANSPORT_KINDS[transport]
-        self.kv_epoch = secrets.randbits(64)
+        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_PREFILL, worker_id, layout)
 
     async def Handshake(self, request: prefill_pb2.HandshakeRequest, context):
         resp = prefill_pb2.HandshakeResponse(
@@ -67,9 +68,4 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         return prefill_pb2.ReleaseBlocksResponse(released=released)
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
-        ae = self.worker.ae
-        snap = await ae.call(lambda eng: eng.stats(request.include_block_hashes))
-        stats = worker_stats(snap, common_pb2.WORKER_ROLE_PREFILL, self.worker_id, self.layout,
-                             self.kv_epoch)
-        stats.num_steps = ae.num_steps
-        return stats
+        return await self.stats(request)

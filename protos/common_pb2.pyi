@@ -121,14 +121,10 @@ class TokenLogprobs(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., rank: _Optional[int] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
-    __slots__ = ("include_block_hashes", "kv_epoch", "since_seq")
+    __slots__ = ("include_block_hashes",)
     INCLUDE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
-    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
-    SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
     include_block_hashes: bool
-    kv_epoch: int
-    since_seq: int
-    def __init__(self, include_block_hashes: _Optional[bool] = ..., kv_epoch: _Optional[int] = ..., since_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, include_block_hashes: _Optional[bool] = ...) -> None: ...
 
 class BlockHashSnapshot(_message.Message):
     __slots__ = ("block_hashes",)
@@ -136,16 +132,8 @@ class BlockHashSnapshot(_message.Message):
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class BlockHashDelta(_message.Message):
-    __slots__ = ("stored", "removed")
-    STORED_FIELD_NUMBER: _ClassVar[int]
-    REMOVED_FIELD_NUMBER: _ClassVar[int]
-    stored: _containers.RepeatedScalarFieldContainer[int]
-    removed: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
-
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "kv_seq", "snapshot", "delta", "num_steps")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "snapshot", "num_steps")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -157,9 +145,7 @@ class WorkerStats(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
-    KV_SEQ_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
-    DELTA_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     worker_id: str
@@ -172,11 +158,9 @@ class WorkerStats(_message.Message):
     load: float
     kv_layout: KVLayout
     kv_epoch: int
-    kv_seq: int
     snapshot: BlockHashSnapshot
-    delta: BlockHashDelta
     num_steps: int
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., kv_seq: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., delta: _Optional[_Union[BlockHashDelta, _Mapping]] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
 import socket
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 import grpc
 import httpx
 
+from baton.worker.process import parse_ready
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,9 +273,9 @@ class Proc:
     def _read(self, p: subprocess.Popen) -> None:
         for line in p.stdout:
             self.lines.append(line.rstrip())
-            if line.startswith(("READY", "[gateway] serving")):
-                match = re.search(r"metrics_port=(\d+)", line)
-                self.metrics_port = int(match.group(1)) if match else None
+            ready = parse_ready(line)  # the gateway prints one too, after "[gateway] serving"
+            if ready is not None:
+                self.metrics_port = ready.metrics_port
                 self.ready.set()
 
     async def wait_ready(self, timeout: float = 180.0) -> Proc:
@@ -322,6 +322,7 @@ class Proc:
 
 def ready_port(log_path: Path) -> int:
     """The port a `baton up` child announced (its READY line is copied into its log)."""
-    match = re.search(r"READY port=(\d+)", log_path.read_text(errors="replace"))
-    assert match, f"no READY line in {log_path}"
-    return int(match.group(1))
+    lines = log_path.read_text(errors="replace").splitlines()
+    ready = next((r for r in map(parse_ready, lines) if r is not None), None)
+    assert ready, f"no READY line in {log_path}"
+    return ready.port

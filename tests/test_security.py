@@ -16,9 +16,9 @@ import ipaddress
 import psutil
 import pytest
 
-from baton.cluster.up import _worker_args
+from baton.cluster.plan import prefill_args as up_worker_args
 from baton.cluster.up import build_parser as up_parser
-from baton.worker.process import ServerConfig
+from baton.worker.flags import ServerConfig
 from decode_service.config import parse_args as decode_args
 from gateway.config import parse_args as gateway_args
 from prefill_service.config import parse_args as prefill_args
@@ -35,7 +35,7 @@ def test_every_server_defaults_to_loopback():
     gw = gateway_args(["--decode", "127.0.0.1:50051"])
     assert gw.host == gw.grpc_host == "127.0.0.1"
     up = up_parser().parse_args([])
-    worker = _worker_args(up)
+    worker = up_worker_args(up)
     assert up.host == "127.0.0.1" and worker[worker.index("--host") + 1] == "127.0.0.1"
 
 
@@ -86,7 +86,7 @@ def test_wildcard_bind_advertises_a_dialable_address():
     0.0.0.0; an explicit address wins; IPv6 literals are bracketed."""
     import ipaddress
 
-    from baton.worker.process import advertised_address
+    from baton.worker.start import advertised_address
 
     host, _, port = advertised_address("0.0.0.0", 5005).rpartition(":")
     assert port == "5005" and not ipaddress.ip_address(host).is_unspecified

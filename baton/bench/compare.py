@@ -36,7 +36,7 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from baton.bench.cli import add_run_args, add_workload_args, counter_for, load_workload
+from baton.bench.args import add_run_args, add_workload_args, counter_for, load_workload
 from baton.bench.client import RequestRecord
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize

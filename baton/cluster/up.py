@@ -7,10 +7,11 @@
 1. resolve the model once here (a registered model is converted on first use, not by every
    worker at once);
 2. start every worker as `python -m prefill_service|decode_service --port 0` (its own process
-   group, one torch thread, killed with this process if it dies) and wait for each one's
-   `READY port=N` line; colocated mode starts decode workers only (every prefill local);
-3. start `python -m gateway` with the workers' addresses and wait until GET /health is 200
-   and reports every worker healthy;
+   group, one torch thread, killed with this process if it dies: child.py; flags and CPU
+   sets: plan.py) and wait for each one's `READY port=N` line; colocated mode starts decode
+   workers only (every prefill local);
+3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
+   until GET /health is 200 and reports every worker healthy;
 4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
 5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
 A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
@@ -23,114 +24,32 @@ Logs: one file per child in --log-dir (a temporary folder unless given).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import json
-import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-# The module each role runs as (`python -m MODULE`); tests point these at stand-ins.
-ROLE_MODULES = {"prefill": "prefill_service", "decode": "decode_service", "gateway": "gateway"}
-_READY = re.compile(r"READY port=(\d+)")
+from baton.cluster.child import Child
+from baton.cluster.plan import child_env, cpu_plan, decode_args, gateway_args, prefill_args
+from baton.roles import ROLE_MODULES
 
 
 class StartupError(RuntimeError):
-    pass
+    """A child died, or did not get ready or healthy in time, during start-up."""
 
 
 class Interrupted(Exception):
     """Ctrl-C / SIGTERM arrived."""
 
 
-@dataclass
-class Child:
-    """One role process; `port` is set from its READY line."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    cpus: frozenset[int] | None = None  # CPU affinity (None: unpinned)
-    proc: subprocess.Popen | None = None
-    port: int | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-
-    def start(self, env: dict[str, str]) -> None:
-        log = open(self.log_path, "ab", buffering=0)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, env=env,
-                                     start_new_session=True,
-                                     preexec_fn=functools.partial(_before_exec, self.cpus))
-        threading.Thread(target=self._read_stdout, args=(log,), daemon=True).start()
-
-    def _read_stdout(self, log) -> None:
-        for line in iter(self.proc.stdout.readline, b""):
-            log.write(line)
-            text = line.decode(errors="replace").strip()
-            match = _READY.match(text)
-            if match:
-                self.port = int(match.group(1))
-                self.ready.set()
-            elif text.startswith("[gateway] serving"):
-                self.ready.set()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when `baton up` dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def _before_exec(cpus: frozenset[int] | None) -> None:
-    _die_with_parent()
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
-             cpus: list[int] | None = None) -> dict[str, frozenset[int] | None]:
-    """Child name -> CPU set for `--pin` (None: unpinned). With one CPU nothing is pinned."""
-    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
-    names = [f"prefill-{i}" for i in range(num_prefill if mode == "disaggregated" else 0)]
-    names += [f"decode-{i}" for i in range(num_decode)]
-    if pin == "none" or len(cpus) < 2:
-        return {n: None for n in names}
-    if mode == "disaggregated":
-        half = len(cpus) // 2
-        decode, prefill = frozenset(cpus[:half]), frozenset(cpus[half:])
-        return {n: prefill if n.startswith("prefill") else decode for n in names}
-    workers = len(names)
-    if workers >= len(cpus):
-        return {n: frozenset([cpus[i % len(cpus)]]) for i, n in enumerate(names)}
-    return {n: frozenset(cpus[i::workers]) for i, n in enumerate(names)}
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The flags of `baton up`."""
     p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
@@ -159,26 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _worker_args(a: argparse.Namespace) -> list[str]:
-    out = ["--model", a.model, "--host", "127.0.0.1", "--port", "0",
-           "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5"]
-    for flag in ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes"):
-        value = getattr(a, flag)
-        if value is not None:
-            out += [f"--{flag.replace('_', '-')}", str(value)]
-    return out
-
-
-def _env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[var] = str(threads)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("UCX_NET_DEVICES", "lo")  # one machine: keep NIXL/UCX on loopback
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _health(url: str) -> dict | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -188,10 +87,12 @@ def _health(url: str) -> dict | None:
 
 
 class Cluster:
+    """The supervisor: starts the children in order, watches them, stops them in order."""
+
     def __init__(self, a: argparse.Namespace, log_dir: Path) -> None:
         self.a = a
         self.log_dir = log_dir
-        self.env = _env(a.threads)
+        self.env = child_env(a.threads)
         self.prefill: list[Child] = []
         self.decode: list[Child] = []
         self.gateway: Child | None = None
@@ -199,10 +100,12 @@ class Cluster:
         self.cpus: dict[str, frozenset[int] | None] = {}
 
     def request_stop(self, sig: int, _frame=None) -> None:
+        """Signal handler: the main loop (or start-up) stops at its next check."""
         self.stop_signal = sig
 
     @property
     def children(self) -> list[Child]:
+        """Started children, in stop order (gateway, decode, prefill)."""
         return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
 
     def _child(self, name: str, role: str, args: list[str],
@@ -213,32 +116,20 @@ class Cluster:
         return child
 
     def start(self) -> None:
+        """Start the workers, wait for their READY lines, then the gateway until healthy."""
         a = self.a
-        workers = _worker_args(a)
         self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
         if a.mode == "disaggregated":
-            self.prefill = [self._child(f"prefill-{i}", "prefill", workers,
+            self.prefill = [self._child(f"prefill-{i}", "prefill", prefill_args(a),
                                         self.cpus[f"prefill-{i}"])
                             for i in range(a.num_prefill)]
-        decode_extra = [] if a.min_remote_tokens is None else \
-            ["--min-remote-tokens", str(a.min_remote_tokens)]
-        self.decode = [self._child(f"decode-{i}", "decode", workers + decode_extra,
+        self.decode = [self._child(f"decode-{i}", "decode", decode_args(a),
                                    self.cpus[f"decode-{i}"])
                        for i in range(a.num_decode)]
         deadline = time.monotonic() + a.startup_timeout
         self._wait_ready(self.prefill + self.decode, deadline)
-        gateway_args = ["--model", a.model, "--host", a.host, "--port", str(a.port),
-                        "--routing", a.routing, "--log-level", a.log_level,
-                        "--decode", ",".join(c.address for c in self.decode)]
-        if self.prefill:
-            gateway_args += ["--prefill", ",".join(c.address for c in self.prefill)]
-        else:
-            gateway_args += ["--prefill-mode", "local"]
-        for flag in ("grpc_port", "api_key", "max_model_len", "block_size"):
-            value = getattr(a, flag)
-            if value is not None:
-                gateway_args += [f"--{flag.replace('_', '-')}", str(value)]
-        self.gateway = self._child("gateway", "gateway", gateway_args)
+        self.gateway = self._child("gateway", "gateway", gateway_args(
+            a, [c.address for c in self.decode], [c.address for c in self.prefill]))
         self._wait_ready([self.gateway], deadline)
         self._wait_healthy(deadline)
 
@@ -274,6 +165,7 @@ class Cluster:
                                    f"the end of {child.log_path}:\n{child.log_tail()}")
 
     def dead_child(self) -> Child | None:
+        """A child that has exited, if any."""
         return next((c for c in self.children if c.exited() is not None), None)
 
     def stop(self) -> None:
@@ -313,6 +205,7 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`baton up ARGS`; returns the exit status (see the module docstring)."""
     a = build_parser().parse_args(argv)
     if a.num_decode < 1 or (a.mode == "disaggregated" and a.num_prefill < 1):
         print("baton up: need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)",

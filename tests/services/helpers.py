@@ -9,7 +9,7 @@ import grpc
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
 from baton.sampling_params import SamplingParams
-from baton.worker.process import ServerConfig
+from baton.worker.flags import ServerConfig
 from baton.worker.wire import sampling_params_to_proto
 from decode_service.config import DecodeConfig
 from decode_service.server import DecodeServer

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from baton.sampling_params import SamplingParams
-from baton.worker.process import CHANNEL_OPTIONS
+from baton.grpc_options import CHANNEL_OPTIONS
 from baton.transfer import TransferState, kv_layout_hash
 from decode_service.remote_prefill import RemotePrefill
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc, transfer_pb2

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton.worker.process import parse_ready
 from protos import common_pb2
 from tests.reference import hf_greedy
 from tests.services.helpers import Client, pools_whole, start_decode
@@ -49,9 +50,9 @@ class Proc:
     def _read(self) -> None:
         for line in self.p.stdout:
             self.lines.append(line.strip())
-            if line.startswith("READY"):
-                kv = dict(f.split("=") for f in line.split()[1:])
-                self.port, self.metrics_port = int(kv["port"]), int(kv.get("metrics_port", 0))
+            ready = parse_ready(line)
+            if ready is not None:
+                self.port, self.metrics_port = ready.port, ready.metrics_port or 0
                 self.ready.set()
 
     @property

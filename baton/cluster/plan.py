@@ -1,0 +1,76 @@
+"""What `baton up` starts, decided from its parsed flags before anything runs: each child's
+CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`) and
+its environment (`child_env`).
+
+The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
+a service, so these are checked where services may be imported: tests/test_cluster_plan.py
+parses every argv built here with the role's own parser (a renamed flag fails it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+# `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
+_WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes")
+_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size")
+
+
+def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
+             cpus: list[int] | None = None) -> dict[str, frozenset[int] | None]:
+    """Child name -> CPU set for `--pin` (None: unpinned). With one CPU nothing is pinned."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    names = [f"prefill-{i}" for i in range(num_prefill if mode == "disaggregated" else 0)]
+    names += [f"decode-{i}" for i in range(num_decode)]
+    if pin == "none" or len(cpus) < 2:
+        return {n: None for n in names}
+    if mode == "disaggregated":
+        half = len(cpus) // 2
+        decode, prefill = frozenset(cpus[:half]), frozenset(cpus[half:])
+        return {n: prefill if n.startswith("prefill") else decode for n in names}
+    workers = len(names)
+    if workers >= len(cpus):
+        return {n: frozenset([cpus[i % len(cpus)]]) for i, n in enumerate(names)}
+    return {n: frozenset(cpus[i::workers]) for i, n in enumerate(names)}
+
+
+def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
+    out = []
+    for flag in flags:
+        value = vars(a)[flag]
+        if value is not None:
+            out += [f"--{flag.replace('_', '-')}", str(value)]
+    return out
+
+
+def prefill_args(a: argparse.Namespace) -> list[str]:
+    """A prefill worker's flags (every worker binds loopback on any free port)."""
+    return ["--model", a.model, "--host", "127.0.0.1", "--port", "0",
+            "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5",
+            *_passed_on(a, _WORKER_FLAGS)]
+
+
+def decode_args(a: argparse.Namespace) -> list[str]:
+    """A decode worker's flags: a prefill worker's, and --min-remote-tokens when given."""
+    extra = [] if a.min_remote_tokens is None else \
+        ["--min-remote-tokens", str(a.min_remote_tokens)]
+    return prefill_args(a) + extra
+
+
+def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
+    """The gateway's flags, with the workers' addresses (no prefill worker: colocated)."""
+    out = ["--model", a.model, "--host", a.host, "--port", str(a.port),
+           "--routing", a.routing, "--log-level", a.log_level, "--decode", ",".join(decode)]
+    out += ["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"]
+    return out + _passed_on(a, _GATEWAY_FLAGS)
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """This process's environment with `threads` BLAS/OpenMP threads and unbuffered output."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("UCX_NET_DEVICES", "lo")  # one machine: keep NIXL/UCX on loopback
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

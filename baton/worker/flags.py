@@ -1,0 +1,91 @@
+"""The command-line flags every worker role shares and the frozen configs they build:
+`add_engine_args` → EngineConfig (`engine_config_from_args`), `add_server_args` →
+ServerConfig (`server_config_from_args`). A role's config.py adds its own flags beside them.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how a worker serves.
+
+    host/port: bind address (127.0.0.1 unless told otherwise; port 0 = any free port).
+    advertise_address: host:port peers dial (its worker id); None = host:bound port.
+    metrics_port: Prometheus HTTP port on `host` (0 = any free port, None = no HTTP server).
+    drain_seconds: on SIGTERM, how long in-flight requests may take to finish.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_address: str | None = None
+    metrics_port: int | None = None
+    drain_seconds: float = 30.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.drain_seconds < 0:
+            raise ValueError("drain_seconds must be ≥ 0")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine flags (model, dtype, KV pool, scheduler budgets, seed)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
+    g.add_argument("--served-model-name", default=None,
+                   help="model identity in KV layouts (default: the folder or registered name)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30)
+    g.add_argument("--num-blocks", type=int, default=None, help="fixed KV pool size (tests)")
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=512,
+                   help="chunk cap: one request's prefill tokens per step (0 = none)")
+    g.add_argument("--max-bypass-s", type=float, default=5.0,
+                   help="seconds smaller requests may pass one that cannot get KV blocks "
+                        "before admission waits for it (0 = FIFO)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
+    """The server flags (bind address, advertised address, metrics port, drain, logs)."""
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=default_port, help="0 = any free port")
+    g.add_argument("--advertise-address", default=None)
+    g.add_argument("--metrics-port", type=int, default=None)
+    g.add_argument("--drain-seconds", type=float, default=30.0)
+    g.add_argument("--log-level", default="INFO")
+
+
+def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig of parsed `add_engine_args` flags."""
+    return EngineConfig(
+        model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=a.seed,
+        cache=CacheConfig(block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
+                          num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
+                                  max_num_seqs=a.max_num_seqs,
+                                  long_prefill_token_threshold=a.long_prefill_token_threshold,
+                                  max_bypass_s=a.max_bypass_s))
+
+
+def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of parsed `add_server_args` flags."""
+    return ServerConfig(host=a.host, port=a.port, advertise_address=a.advertise_address,
+                        metrics_port=a.metrics_port, drain_seconds=a.drain_seconds,
+                        log_level=a.log_level)
+
+
+def served_model_name(engine: EngineConfig, override: str | None) -> str:
+    """The model identity both ends put in their KV layouts."""
+    return override or engine.model.rstrip("/").rsplit("/", 1)[-1]

@@ -1,0 +1,172 @@
+"""One start path for every worker role: the engine, its thread, the KV layout, the gRPC
+server and its health service, metrics and the log lines; the role adds only its own parts.
+
+    rt = await start_worker("decode", SERVICE_NAME, config, build)
+      1. LLMEngine(config.engine) and its thread (AsyncEngine); the KV layout of engine.kv_cache
+      2. grpc.aio server (CHANNEL_OPTIONS) bound to config.server; health (NOT_SERVING yet)
+      3. parts = build(rt): the role makes its transport, metrics, worker and servicer over
+         rt.engine / rt.ae / rt.layout and adds its services to rt.server (rt.address known)
+      4. server.start(); health SERVING; metrics HTTP (--metrics-port); "<role> worker serving"
+    await rt.stop(drain_s)
+      health NOT_SERVING (enter_graceful_shutdown), parts.drain(s), server.stop(grace=1),
+      parts.close(), the engine thread ends; "<role> worker stopped"
+The server pieces it uses (bind, advertised_address, add_health, set_serving,
+start_metrics_server) follow it below.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from baton.config import EngineConfig
+from baton.engine.llm_engine import LLMEngine
+from baton.grpc_options import CHANNEL_OPTIONS
+from baton.transfer import kv_layout
+from baton.worker.async_engine import AsyncEngine
+from baton.worker.flags import ServerConfig, served_model_name
+from protos import common_pb2
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerConfig(Protocol):
+    """The part of a role's frozen config (DecodeConfig, PrefillConfig) the start path reads."""
+
+    engine: EngineConfig
+    server: ServerConfig
+    served_model_name: str | None
+    transport: str
+
+
+@dataclass
+class RoleParts:
+    """What a role's build callback hands back to its runtime."""
+
+    registry: CollectorRegistry  # its metrics, served on --metrics-port
+    drain: Callable[[float], Awaitable[None]]  # finish in-flight work within s seconds
+    close: Callable[[], Awaitable[None]]  # after the server stopped: close the role's parts
+
+
+@dataclass
+class WorkerRuntime:
+    """A started worker's shared skeleton (see the module docstring)."""
+
+    role: str  # "decode" | "prefill": names the log lines
+    config: ServerConfig
+    engine: LLMEngine
+    ae: AsyncEngine
+    layout: common_pb2.KVLayout
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    address: str
+    metrics_port: int | None = None
+    parts: RoleParts | None = None
+
+    async def stop(self, drain_s: float | None = None) -> None:
+        """Drain (NOT_SERVING, then the role's drain), stop the server, close, end the engine."""
+        await self.health.enter_graceful_shutdown()
+        await self.parts.drain(self.config.drain_seconds if drain_s is None else drain_s)
+        await self.server.stop(grace=1.0)
+        await self.parts.close()
+        self.ae.shutdown()
+        logger.info("%s worker stopped", self.role, extra={"address": self.address})
+
+
+async def start_worker(role: str, service_name: str, config: WorkerConfig,
+                       build: Callable[[WorkerRuntime], RoleParts]) -> WorkerRuntime:
+    """Start a worker of `role` serving `service_name` (steps 1-4 of the module docstring)."""
+    engine = LLMEngine(config.engine)
+    ae = AsyncEngine(engine)
+    ae.start()
+    layout = kv_layout(served_model_name(config.engine, config.served_model_name),
+                       engine.kv_cache)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    port, address = bind(server, config.server)
+    rt = WorkerRuntime(role, config.server, engine, ae, layout, server, add_health(server),
+                       port, address)
+    rt.parts = build(rt)
+    await server.start()
+    await set_serving(rt.health, [service_name], True)
+    rt.metrics_port = start_metrics_server(config.server.host, config.server.metrics_port,
+                                           rt.parts.registry)
+    logger.info("%s worker serving", role, extra={"address": address,
+                                                  "transport": config.transport,
+                                                  "num_blocks": engine.num_blocks})
+    return rt
+
+
+# ---- server pieces --------------------------------------------------------------------------
+def bind(server: grpc.aio.Server, config: ServerConfig) -> tuple[int, str]:
+    """Bind the insecure port; returns (bound port, advertised address)."""
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise RuntimeError(f"could not bind {config.host}:{config.port}")
+    return port, advertised_address(config.host, port, config.advertise_address)
+
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_address(host: str, port: int, advertise: str | None = None) -> str:
+    """The host:port peers dial: `advertise` when given, else host:port. A wildcard bind
+    (0.0.0.0, ::) cannot be dialled, so it advertises this machine's primary address instead
+    (the source address of its default route). IPv6 literals are bracketed."""
+    if advertise:
+        return advertise
+    if host in _WILDCARDS:
+        host = _primary_address(ipv6=":" in host)
+        logger.warning("bound to a wildcard address without --advertise-address: "
+                       "advertising %s", host)
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _primary_address(ipv6: bool) -> str:
+    family = socket.AF_INET6 if ipv6 else socket.AF_INET
+    probe = ("2001:db8::1", 9) if ipv6 else ("192.0.2.1", 9)  # documentation ranges
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(probe)  # UDP connect picks a route and sends nothing
+            return s.getsockname()[0]
+    except OSError:  # no default route (an isolated namespace): the host name's address
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "::1" if ipv6 else "127.0.0.1"
+
+
+def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
+    """The standard grpc.health.v1 service; starts NOT_SERVING (see set_serving)."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+async def set_serving(servicer: health.aio.HealthServicer, services: list[str],
+                      serving: bool) -> None:
+    """Set the overall ("") and each named service's health status."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving \
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *services]:
+        await servicer.set(name, status)
+
+
+def start_metrics_server(host: str, port: int | None,
+                         registry: CollectorRegistry) -> int | None:
+    """Serve `registry` at http://host:port/metrics on a daemon thread; returns the port."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    httpd, _ = start_http_server(port, addr=host, registry=registry)
+    return httpd.server_port
