@@ -107,8 +107,12 @@ class DecodeSequence:
     async def admit(self, peer: PrefillPeer | None, min_remote_tokens: int) -> None:
         """Queue the sequence, prefilled here or by `peer`; returns once it is in the engine
         or finished. ValueError: a bad request (or the prefill worker rejected it)."""
+        try:
+            self.q = self.engine.open_stream(self.seq_id)  # ValueError: its id is in use
+        except ValueError:
+            self._to(S.FINISHED)
+            raise
         self._to(S.ADMITTING)
-        self.q = self.engine.open_stream(self.seq_id)
         try:
             plan = await self._add(peer, min_remote_tokens)
         except BaseException as exc:
