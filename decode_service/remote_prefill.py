@@ -1,6 +1,6 @@
 """One remote prefill, decode side: from allocated blocks to "the KV is all here" (or not).
 
-    plan = engine.add_remote_request(...)        blocks allocated, WAITING_FOR_REMOTE_KV
+    plan, _ = RemoteKV.add(...)               blocks allocated, WAITING_FOR_REMOTE_KV
     RemotePrefill(plan).run():
       1. receiver.expect(transfer_id, plan.dst_block_ids)
       2. Prefill(prompt, num_cached_on_decode, dst_block_ids, endpoint) ─▶ prefill worker,
@@ -9,23 +9,29 @@
          prefill_timeout_seconds, however long its queue; prefill_max_seconds caps the call
       3. OK → poll the receiver until DONE (≤ kv_wait_seconds): every block has landed
       4. always: receiver.forget(transfer_id)
-    → RemoteResult(ok, response, error, safe, rejected, aborted)
+    → RemoteResult(outcome, error, response, deadline, arrival_seconds)
 
-`safe` answers the one question the caller must ask before touching the blocks: can a
-transfer still be writing into them? It is True when the prefill worker answered the
-Prefill or an Abort (it answers only once its transfer stopped), or when the receiver
-refuses late writes after forget() (the gRPC and in-process transports). It is False only
-for NIXL when the prefill worker went silent: its one-sided writes cannot be refused, so
-the caller quarantines the blocks until the prefill deadline (+ grace) has passed.
+    outcome                   the prefill worker ...                 a late write may land
+    OK                        answered OK, the receiver saw DONE     no
+    REJECTED                  refused the arguments before any work  no
+    FAILED                    failed, timed out or went away         no
+    FAILED_WRITES_MAY_LAND    ... and never confirmed it stopped     yes (NIXL only)
+    ABORTED                   was stopped by the request's abort     no
+    ABORTED_WRITES_MAY_LAND   ... and never answered the Abort       yes (NIXL only)
 
-The caller then applies the result on the engine (completion.py): finish_remote_prefill
-(ok), fail_remote_prefill(recompute | error) when safe, or quarantine + a fresh local
-request when not. Never decode from partial KV: only `ok` (prefill said OK *and* the
-receiver saw every block) lets the sequence run on transferred blocks.
+"May land" answers the one question the caller must ask before touching the blocks: can a
+transfer still be writing into them? No once the prefill worker answered the Prefill or an
+Abort (it answers only once its transfer stopped), or when the receiver refuses late writes
+after forget() (`KVReceiver.refuses_late_writes`: the gRPC and in-process transports). Yes
+only for one-sided writes (NIXL) when the prefill worker went silent: the caller then has the
+engine hold the blocks until the prefill deadline (+ grace) has passed (sequence.py).
+Never decode from partial KV: only OK (prefill said OK *and* the receiver saw every block)
+lets the sequence run on transferred blocks.
 """
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 import uuid
@@ -43,22 +49,48 @@ log = logging.getLogger(__name__)
 _STATUS = prefill_pb2.PrefillStatus
 
 
+class RemoteOutcome(enum.Enum):
+    """How one remote prefill ended (see the table in the module docstring)."""
+
+    OK = enum.auto()
+    REJECTED = enum.auto()
+    FAILED = enum.auto()
+    FAILED_WRITES_MAY_LAND = enum.auto()
+    ABORTED = enum.auto()
+    ABORTED_WRITES_MAY_LAND = enum.auto()
+
+    @classmethod
+    def failure(cls, *, aborted: bool, writes_may_land: bool) -> RemoteOutcome:
+        if aborted:
+            return cls.ABORTED_WRITES_MAY_LAND if writes_may_land else cls.ABORTED
+        return cls.FAILED_WRITES_MAY_LAND if writes_may_land else cls.FAILED
+
+    @property
+    def writes_may_land(self) -> bool:
+        """A transfer may still write into the plan's blocks: hold them, never reuse them."""
+        return self in (RemoteOutcome.FAILED_WRITES_MAY_LAND,
+                        RemoteOutcome.ABORTED_WRITES_MAY_LAND)
+
+    @property
+    def aborted(self) -> bool:
+        return self in (RemoteOutcome.ABORTED, RemoteOutcome.ABORTED_WRITES_MAY_LAND)
+
+
 @dataclass
 class RemoteResult:
-    """ok: the first token is in `response` and every block has arrived.
-    safe: no transfer can still write into the plan's blocks (see the module docstring).
-    rejected: the prefill worker refused the arguments (fail the request, don't recompute).
-    aborted: stopped by the request's abort event. deadline: when the prefill worker
-    promised to have stopped (time.monotonic()); arrival_seconds: receiver wait after OK."""
+    """response: the prefill worker's answer, if any (with OK: the first token). deadline:
+    when the prefill worker promised to have stopped (time.monotonic()); arrival_seconds:
+    receiver wait after OK."""
 
-    ok: bool
-    safe: bool
+    outcome: RemoteOutcome
     error: str = ""
     response: prefill_pb2.PrefillResponse | None = None
-    rejected: bool = False
-    aborted: bool = False
     deadline: float = 0.0
     arrival_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is RemoteOutcome.OK
 
 
 class RemotePrefill:
@@ -88,14 +120,21 @@ class RemotePrefill:
                 result = await self._await_arrival(result)
         finally:
             self.receiver.forget(self.transfer_id)
-        if not result.safe and self.config.transport != "nixl":
-            result.safe = True  # forget() above: the receiver refuses any later chunk
         result.deadline = deadline
         if not result.ok:
             log.warning("remote prefill failed: %s", result.error,
                         extra={"request_id": self.rid, "peer": self.peer.address,
-                               "safe": result.safe})
+                               "outcome": result.outcome.name})
         return result
+
+    def _failed(self, error: str, *, stopped: bool, aborted: bool = False,
+                response: prefill_pb2.PrefillResponse | None = None) -> RemoteResult:
+        """stopped: the prefill worker confirmed that none of its transfers for the request
+        still writes. Otherwise a write may still land unless the receiver refuses it once
+        run() has forgotten the transfer (it does before returning)."""
+        may_land = not stopped and not self.receiver.refuses_late_writes
+        return RemoteResult(RemoteOutcome.failure(aborted=aborted, writes_may_land=may_land),
+                            error, response)
 
     async def _call(self, request: prefill_pb2.PrefillRequest) -> RemoteResult:
         call = self.peer.stub.Prefill(request, timeout=self.config.prefill_max_seconds)
@@ -113,10 +152,11 @@ class RemotePrefill:
             confirmed = await self.peers.abort(self.peer, self.rid)
             if stalled.done() and not stalled.cancelled() and not self.aborted.is_set():
                 self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
-                return RemoteResult(False, confirmed, "Prefill call failed: DEADLINE_EXCEEDED "
-                                    f"the prefill worker ran no step for "
-                                    f"{self.config.prefill_timeout_seconds:g} s")
-            return RemoteResult(False, confirmed, "aborted while waiting for remote KV",
+                return self._failed("Prefill call failed: DEADLINE_EXCEEDED the prefill "
+                                    f"worker ran no step for "
+                                    f"{self.config.prefill_timeout_seconds:g} s",
+                                    stopped=confirmed)
+            return self._failed("aborted while waiting for remote KV", stopped=confirmed,
                                 aborted=True)
         try:
             resp = reply.result()
@@ -125,9 +165,9 @@ class RemotePrefill:
         if resp.status != _STATUS.PREFILL_STATUS_OK:
             if resp.status == _STATUS.PREFILL_STATUS_LAYOUT_MISMATCH:
                 self.peers.forget(self.peer.address)
-            return RemoteResult(False, True, f"prefill worker answered "
-                                f"{_STATUS.Name(resp.status)}: {resp.error}", response=resp)
-        return RemoteResult(True, True, response=resp)
+            return self._failed(f"prefill worker answered {_STATUS.Name(resp.status)}: "
+                                f"{resp.error}", stopped=True, response=resp)
+        return RemoteResult(RemoteOutcome.OK, response=resp)
 
     async def _stalled(self) -> None:
         """Returns once the prefill worker's engine has run no forward step (or GetStats has
@@ -153,13 +193,13 @@ class RemotePrefill:
         else:
             code, details = e.code(), e.details()
         error = f"Prefill call failed: {code.name} {details}"
-        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
-            # refused before any work: nothing was or will be sent
-            return RemoteResult(False, True, error,
-                                rejected=code == grpc.StatusCode.INVALID_ARGUMENT)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:  # refused before any work
+            return RemoteResult(RemoteOutcome.REJECTED, error)
+        if code == grpc.StatusCode.ALREADY_EXISTS:  # refused: nothing was or will be sent
+            return self._failed(error, stopped=True)
         self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
         confirmed = await self.peers.abort(self.peer, self.rid)
-        return RemoteResult(False, confirmed, error)
+        return self._failed(error, stopped=confirmed)
 
     async def _await_arrival(self, result: RemoteResult) -> RemoteResult:
         """Prefill said every block is written: confirm on the receiver before using them."""
@@ -172,9 +212,9 @@ class RemotePrefill:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.01)
         result.arrival_seconds = time.monotonic() - t0
-        if state != TransferState.DONE:
-            result.ok = False
-            result.error = f"prefill answered OK but the receiver saw the transfer {state.name}"
+        if state != TransferState.DONE:  # the prefill worker's transfer ended: it said OK
+            return self._failed(f"prefill answered OK but the receiver saw the transfer "
+                                f"{state.name}", stopped=True, response=result.response)
         return result
 
 

@@ -1,22 +1,54 @@
 """Engine outputs → the Generate stream's messages, with TTFT/ITL, usage and timings.
 
+    merge_outputs(job.sequences) ──▶ (index i, StepOutput) as they come, any sequence
     StepOutput(index i, new tokens, text) ──add()──▶ TokenChunk{index i, token_ids, text}
-    StepOutput(finished)                  ──add()──▶ kept until every completion is done
+    StepOutput(finished)                  ──add()──▶ kept until every sequence is done
     finish() ──▶ Finished{index, reason, stop_reason, usage (the request's), timings} × n
+
+Usage: prompt_tokens = len(prompt); completion_tokens = sum over sequences;
+cached_tokens = prompt tokens nobody computed for sequence 0: the prefill worker's own
+prefix hit when it prefilled remotely (it computes whatever it lacks, even blocks this worker
+holds; those are simply not transferred), else this worker's prefix hit.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Iterator
 
 from baton.outputs import StepOutput
 from baton.worker.wire import FINISH_REASONS, logprob_to_proto
+from decode_service.job import Job
 from decode_service.metrics import DecodeMetrics
+from decode_service.sequence import DecodeSequence
 from protos import common_pb2, decode_pb2
 
-if TYPE_CHECKING:
-    from decode_service.worker import Job
+
+async def merge_outputs(sequences: list[DecodeSequence]
+                        ) -> AsyncIterator[tuple[int, StepOutput]]:
+    """Interleave the sequences' outputs as they come; leaving early aborts them."""
+    if len(sequences) == 1:
+        async for out in sequences[0].outputs():
+            yield 0, out
+        return
+    shared: asyncio.Queue = asyncio.Queue()
+
+    async def pump(seq: DecodeSequence) -> None:
+        try:
+            async for out in seq.outputs():
+                shared.put_nowait((seq.index, out))
+        finally:
+            shared.put_nowait((seq.index, None))
+
+    tasks = [asyncio.create_task(pump(seq)) for seq in sequences]
+    try:
+        for _ in range(len(tasks)):
+            while (item := await shared.get())[1] is not None:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class ResponseBuilder:
@@ -41,8 +73,8 @@ class ResponseBuilder:
         usage = common_pb2.Usage(
             prompt_tokens=len(job.prompt),
             completion_tokens=sum(o.num_output_tokens for o in self.finals.values()),
-            cached_tokens=job.completions[0].cached_tokens)
-        self.metrics.cache_hit_tokens.inc(job.completions[0].decode_cached_tokens)
+            cached_tokens=job.sequences[0].cached_tokens)
+        self.metrics.cache_hit_tokens.inc(job.sequences[0].decode_cached_tokens)
         timings = self._timings()
         for index in sorted(self.finals):
             out = self.finals[index]
@@ -68,17 +100,17 @@ class ResponseBuilder:
             self.last_token_time[index] = now
 
     def _timings(self) -> decode_pb2.RequestTimings:
-        job, c = self.job, self.job.completions[0]
+        job, seq = self.job, self.job.sequences[0]
         t = decode_pb2.RequestTimings()
         if self.first_token_time is not None:
             t.ttft_seconds = self.first_token_time - job.arrival
-        if c.remote is not None and c.remote.ok:
-            resp = c.remote.response
+        if seq.remote is not None and seq.remote.ok:
+            resp = seq.remote.response
             t.remote_prefill = True
             t.queue_seconds, t.prefill_seconds = resp.queue_seconds, resp.compute_seconds
-            t.transfer_seconds = resp.transfer_seconds + c.remote.arrival_seconds
-        elif c.engine_request is not None and c.engine_request.scheduled_time is not None:
-            scheduled = c.engine_request.scheduled_time
+            t.transfer_seconds = resp.transfer_seconds + seq.remote.arrival_seconds
+        elif seq.engine_request is not None and seq.engine_request.scheduled_time is not None:
+            scheduled = seq.engine_request.scheduled_time
             t.queue_seconds = max(0.0, scheduled - job.arrival)
             if self.first_token_time is not None:
                 t.prefill_seconds = max(0.0, self.first_token_time - scheduled)

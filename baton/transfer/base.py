@@ -92,7 +92,14 @@ class KVReceiver(_KVSide, abc.ABC):
     Subclasses implement endpoint() and close() and record arrivals in
     self._transfers[transfer_id].state with self._lock held; _progress() is their hook to
     collect transport news before a poll.
+
+    refuses_late_writes: True when nothing a sender does after forget(transfer_id) can write
+    into that transfer's blocks (the receiver does the writing and drops unknown transfers);
+    False when writes are one-sided (NIXL), so a sender that did not confirm it stopped may
+    still write into them. The default claims nothing.
     """
+
+    refuses_late_writes: bool = False
 
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout) -> None:
         super().__init__(kv_cache, layout)

@@ -71,6 +71,8 @@ class GrpcReceiver(KVReceiver):
     """Decode side. add_to_server(server) before the server starts; `address` (host:port that
     senders dial) may come later through set_address, once the port is bound."""
 
+    refuses_late_writes = True  # chunks for a forgotten transfer are refused
+
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, address: str | None = None) -> None:
         super().__init__(kv_cache, layout)
         self.address = address

@@ -25,6 +25,8 @@ _RECEIVERS: weakref.WeakValueDictionary[str, InprocReceiver] = weakref.WeakValue
 class InprocReceiver(KVReceiver):
     """Decode side; found by senders under `name` (generated when None)."""
 
+    refuses_late_writes = True  # a delivery for a forgotten transfer fails
+
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, name: str | None = None) -> None:
         super().__init__(kv_cache, layout)
         self.name = name or f"inproc-{uuid.uuid4().hex[:8]}"

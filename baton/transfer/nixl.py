@@ -107,6 +107,8 @@ def _block_descs(base: int, block_bytes: int, num_blocks: int, device_id: int) -
 class NixlReceiver(KVReceiver):
     """Decode side; `name` is the NIXL agent name (unique; generated when None)."""
 
+    refuses_late_writes = False  # one-sided writes land whatever this side forgot
+
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, name: str | None = None) -> None:
         super().__init__(kv_cache, layout)
         self._agent = _make_agent("recv", name)
