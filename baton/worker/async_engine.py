@@ -56,7 +56,7 @@ class AsyncEngine:
         """Run fn(engine) on the engine thread; return its result or raise its exception.
 
         deliver: fn returns a StepOutput (or None) of a streamed request, e.g. from
-        finish_remote_prefill; it is delivered to its stream ahead of the outputs of any
+        RemoteKV.finish; it is delivered to its stream ahead of the outputs of any
         later step (delivering it after the await could let the next token overtake it).
         """
         assert self._loop is not None, "start() first"
