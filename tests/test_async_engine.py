@@ -82,7 +82,7 @@ async def test_step_failure_fails_requests_not_the_loop(engine, monkeypatch):
 
 
 async def test_call_with_deliver_queues_the_output_before_returning(engine):
-    """finish_remote_prefill's output must reach the stream before any later step's."""
+    """RemoteKV.finish's output must reach the stream before any later step's."""
     from baton.outputs import StepOutput
 
     ae = AsyncEngine(engine)
