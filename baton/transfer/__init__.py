@@ -4,7 +4,8 @@
     sender = make_sender("nixl" | "grpc" | "inproc", kv_cache, layout)       # prefill side
 
 See base.py for the interface and the hand-over, layout.py for the compatibility hash, and
-nixl.py / grpc.py / inproc.py for the transports (inproc is for unit tests only). Transport
+nixl.py + nixl_sender.py / grpc.py + grpc_sender.py / inproc.py for the transports (receiver
+and sender of each; inproc is for unit tests only). Transport
 modules are imported lazily: NIXL is heavy and absent from some deployments.
 """
 from __future__ import annotations
@@ -58,10 +59,10 @@ def make_sender(kind: str, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, 
     Raises KVLayoutError when kv_cache does not match layout, ValueError for an unknown kind.
     """
     if kind == "nixl":
-        from baton.transfer.nixl import NixlSender
+        from baton.transfer.nixl_sender import NixlSender
         return NixlSender(kv_cache, layout, name=name)
     if kind == "grpc":
-        from baton.transfer.grpc import GrpcSender
+        from baton.transfer.grpc_sender import GrpcSender
         return GrpcSender(kv_cache, layout)
     if kind == "inproc":
         from baton.transfer.inproc import InprocSender

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from baton.transfer import KVLayoutError, TransferState, kv_layout, make_receiver, make_sender
-from baton.transfer.grpc import GrpcSender
+from baton.transfer.grpc_sender import GrpcSender
 from protos import transfer_pb2, transfer_pb2_grpc
 from tests.transfer.helpers import MODEL, SHAPE, RemoteReceiver, assert_moved, random_cache
 

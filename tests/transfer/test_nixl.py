@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("nixl._api")
 
 from baton.transfer import KVLayoutError, TransferState, kv_layout, make_receiver, make_sender  # noqa: E402
-from baton.transfer.nixl import _INLINE_BYTES  # noqa: E402
+from baton.transfer.nixl import INLINE_BYTES  # noqa: E402
 from protos import transfer_pb2  # noqa: E402
 from tests.transfer.helpers import MODEL, SHAPE, RemoteReceiver, assert_moved, random_cache  # noqa: E402
 
@@ -69,14 +69,14 @@ def test_concurrent_transfers(pair):
 
 
 def test_large_transfer_posted_by_the_progress_thread():
-    """Over _INLINE_BYTES: send() returns before the copy, the progress thread posts it."""
+    """Over INLINE_BYTES: send() returns before the copy, the progress thread posts it."""
     shape = (12, 2, 2, 64, 8, 128)  # 1 MiB blocks
     dst, src = torch.zeros(shape), random_cache(4, shape=shape)
     receiver = make_receiver("nixl", dst, kv_layout(MODEL, dst))
     sender = make_sender("nixl", src, kv_layout(MODEL, src))
     try:
         src_ids, dst_ids = [0, 1, 2, 3, 4, 9], [11, 10, 3, 4, 5, 0]
-        assert len(src_ids) * sender.block_bytes > _INLINE_BYTES
+        assert len(src_ids) * sender.block_bytes > INLINE_BYTES
         receiver.expect("big", dst_ids, timeout_s=20)
         sender.send(receiver.endpoint(), "big", src_ids, dst_ids, timeout_s=20)
         assert sender.wait("big", 20) == TransferState.DONE

@@ -1,0 +1,145 @@
+"""gRPC transport, prefill side: `GrpcSender` streams packed blocks to the decode worker's
+KVTransfer service on a private asyncio loop (see grpc.py for the protocol and threading)."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from baton.grpc_options import CHANNEL_OPTIONS
+from baton.transfer.base import KVSender, TransferState
+from baton.transfer.grpc import DEFAULT_CHUNK_BYTES, as_bytes
+from kernels.block_copy import pack_blocks
+from protos import common_pb2, transfer_pb2, transfer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Push:
+    deadline: float
+    state: TransferState = TransferState.IN_PROGRESS
+    future: concurrent.futures.Future | None = None
+
+
+class GrpcSender(KVSender):
+    """Prefill side. chunk_bytes: payload bytes per KVChunk (keep under the receiving
+    server's max_receive_message_length, 4 MiB by default)."""
+
+    transport = "grpc"
+
+    def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        super().__init__(kv_cache, layout)
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be ≥ 1, got {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
+        self._xfers: dict[str, _Push] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, transfer_pb2_grpc.KVTransferStub]] = {}  # loop thread only
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="baton-kv-grpc", daemon=True)
+        self._thread.start()
+
+    def _start(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        with self._lock:
+            if self._loop.is_closed():
+                raise RuntimeError("GrpcSender is closed")
+            if transfer_id in self._xfers:
+                raise ValueError(f"transfer {transfer_id!r} is already live")
+            x = self._xfers[transfer_id] = _Push(deadline)
+            if not src:
+                x.state = TransferState.DONE
+                return
+            chunks = self._chunks(request_id, transfer_id, src, dst)
+            coro = self._push(endpoint.grpc.address, transfer_id, chunks, x)
+            x.future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def poll(self, transfer_id: str) -> TransferState:
+        with self._lock:
+            x = self._xfers[transfer_id]
+            # Backstop only: the call's own deadline normally ends it first.
+            if not x.state.finished and time.monotonic() > x.deadline + 1.0:
+                x.future.cancel()
+                x.state = TransferState.FAILED
+            return x.state
+
+    def forget(self, transfer_id: str) -> None:
+        with self._lock:
+            x = self._xfers.pop(transfer_id, None)
+        if x is not None and x.future is not None:
+            x.future.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loop.is_closed():
+                return
+            for x in self._xfers.values():
+                if not x.state.finished:
+                    x.state = TransferState.CANCELLED
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=5.0)
+        except Exception as e:
+            log.warning("closing GrpcSender: %r", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel, _ in self._stubs.values():
+            await channel.close(grace=None)
+        self._stubs.clear()
+
+    def _chunks(self, request_id: str, tid: str, src: list[int], dst: list[int]) -> Iterator[transfer_pb2.KVChunk]:
+        """KVChunks of whole blocks (or slices of one block when a block exceeds a chunk)."""
+        first = {"layout_hash": self.layout_hash, "block_bytes": self.block_bytes}
+        per_chunk = max(1, self.chunk_bytes // self.block_bytes)
+        for i in range(0, len(src), per_chunk):
+            ids = torch.tensor(src[i:i + per_chunk], dtype=torch.int64, device=self.kv_cache.device)
+            data = as_bytes(pack_blocks(self.kv_cache, ids))
+            step = len(data) if per_chunk > 1 or len(data) <= self.chunk_bytes else self.chunk_bytes
+            for offset in range(0, len(data), step):
+                yield transfer_pb2.KVChunk(
+                    request_id=request_id, transfer_id=tid, dst_block_ids=dst[i:i + per_chunk], offset=offset,
+                    data=data[offset:offset + step], **first)
+                first = {}
+
+    async def _push(self, address: str, tid: str, chunks: Iterator[transfer_pb2.KVChunk], x: _Push) -> None:
+        state = TransferState.FAILED
+        try:
+            timeout = max(0.0, x.deadline - time.monotonic())
+            ack = await self._stub(address).PushBlocks(_aiter(chunks), timeout=timeout)
+            state = TransferState.DONE if ack.complete else TransferState.FAILED
+        except asyncio.CancelledError:
+            state = TransferState.CANCELLED
+            raise
+        except grpc.aio.AioRpcError as e:
+            log.warning("KV push %s to %s failed: %s %s", tid, address, e.code().name, e.details())
+        except Exception:
+            log.exception("KV push %s to %s failed", tid, address)
+        finally:
+            with self._lock:
+                if not x.state.finished:
+                    x.state = state
+
+    def _stub(self, address: str) -> transfer_pb2_grpc.KVTransferStub:
+        if address not in self._stubs:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._stubs[address] = (channel, transfer_pb2_grpc.KVTransferStub(channel))
+        return self._stubs[address][1]
+
+
+async def _aiter(chunks: Iterator[transfer_pb2.KVChunk]) -> AsyncIterator[transfer_pb2.KVChunk]:
+    for chunk in chunks:  # packing runs here, on the sender's loop thread, one chunk at a time
+        yield chunk
