@@ -2,23 +2,16 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from baton.config import EngineConfig
-from baton.worker.flags import (
-    ServerConfig,
-    add_engine_args,
-    add_server_args,
-    engine_config_from_args,
-    server_config_from_args,
-)
+from baton.worker.flags import RoleConfig, add_role_args, role_config_kwargs
 
 DEFAULT_PORT = 50051
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    """transport: how KV blocks arrive ("nixl" | "grpc"; "inproc" for tests).
+class DecodeConfig(RoleConfig):
+    """RoleConfig (engine, server, transport: how KV blocks arrive, max_prompt_tokens) plus:
     prefill_address: prefill worker used when a request names none (None = prefill locally).
     min_remote_tokens: conditional disaggregation: an uncached prompt suffix shorter than this
     is prefilled here, a longer one on a prefill worker. Small (32) on purpose: a local
@@ -38,13 +31,9 @@ class DecodeConfig:
     every block written. abort_timeout_seconds / handshake_timeout_seconds: those calls.
     quarantine_grace_seconds: blocks whose transfer could not be confirmed stopped are
     reused only this long after the prefill deadline.
-    max_prompt_tokens / max_n: per-request limits (INVALID_ARGUMENT above them).
+    max_n: most completions per request (INVALID_ARGUMENT above it).
     """
 
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-    served_model_name: str | None = None
-    transport: str = "nixl"
     prefill_address: str | None = None
     min_remote_tokens: int = 32
     on_prefill_failure: str = "recompute"
@@ -54,12 +43,10 @@ class DecodeConfig:
     abort_timeout_seconds: float = 5.0
     handshake_timeout_seconds: float = 5.0
     quarantine_grace_seconds: float = 5.0
-    max_prompt_tokens: int = 32768
     max_n: int = 16
 
     def __post_init__(self) -> None:
-        if self.transport not in ("nixl", "grpc", "inproc"):
-            raise ValueError(f"transport must be nixl, grpc or inproc, got {self.transport!r}")
+        super().__post_init__()
         if self.on_prefill_failure not in ("recompute", "fail"):
             raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
         if self.min_remote_tokens < 1:
@@ -70,8 +57,8 @@ class DecodeConfig:
                 raise ValueError(f"{name} must be positive")
         if self.quarantine_grace_seconds < 0:
             raise ValueError("quarantine_grace_seconds must be ≥ 0")
-        if self.max_prompt_tokens < 1 or self.max_n < 1:
-            raise ValueError("max_prompt_tokens and max_n must be ≥ 1")
+        if self.max_n < 1:
+            raise ValueError("max_n must be ≥ 1")
 
     @property
     def recompute(self) -> bool:
@@ -81,10 +68,7 @@ class DecodeConfig:
 def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     p = argparse.ArgumentParser(prog="baton serve-decode",
                                 description="Baton decode worker (gRPC DecodeService).")
-    add_engine_args(p)
-    add_server_args(p, DEFAULT_PORT)
-    g = p.add_argument_group("decode")
-    g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"])
+    g = add_role_args(p, DEFAULT_PORT, "decode")
     g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
     g.add_argument("--min-remote-tokens", type=int, default=32)
     g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"])
@@ -96,20 +80,16 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     g.add_argument("--abort-timeout-seconds", type=float, default=5.0)
     g.add_argument("--handshake-timeout-seconds", type=float, default=5.0)
     g.add_argument("--quarantine-grace-seconds", type=float, default=5.0)
-    g.add_argument("--max-prompt-tokens", type=int, default=32768)
     g.add_argument("--max-n", type=int, default=16)
     a = p.parse_args(argv)
     try:
         return DecodeConfig(
-            engine=engine_config_from_args(a), server=server_config_from_args(a),
-            served_model_name=a.served_model_name, transport=a.transport,
-            prefill_address=a.prefill_address, min_remote_tokens=a.min_remote_tokens,
+            **role_config_kwargs(a), prefill_address=a.prefill_address, min_remote_tokens=a.min_remote_tokens,
             on_prefill_failure=a.on_prefill_failure,
             prefill_timeout_seconds=a.prefill_timeout_seconds,
             prefill_max_seconds=a.prefill_max_seconds, kv_wait_seconds=a.kv_wait_seconds,
             abort_timeout_seconds=a.abort_timeout_seconds,
             handshake_timeout_seconds=a.handshake_timeout_seconds,
-            quarantine_grace_seconds=a.quarantine_grace_seconds,
-            max_prompt_tokens=a.max_prompt_tokens, max_n=a.max_n)
+            quarantine_grace_seconds=a.quarantine_grace_seconds, max_n=a.max_n)
     except ValueError as e:
         p.error(str(e))

@@ -19,8 +19,8 @@ import sys
 from baton.engine.remote_kv import RemoteKV
 from baton.transfer import make_receiver
 from baton.worker.process import run_worker
-from baton.worker.start import RoleParts, WorkerRuntime, start_worker
-from decode_service.config import DecodeConfig, parse_args
+from baton.worker.start import RoleParts, WorkerRuntime, WorkerServer
+from decode_service.config import parse_args
 from decode_service.metrics import DecodeMetrics
 from decode_service.peers import PrefillPeers
 from decode_service.servicer import DecodeServicer
@@ -30,7 +30,7 @@ from protos import decode_pb2, decode_pb2_grpc
 SERVICE_NAME = decode_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name
 
 
-class DecodeServer:
+class DecodeServer(WorkerServer):
     """One decode worker. `await start()` binds and serves; `await stop()` drains and ends.
 
     Tests run it in-process (port 0): `port`, `address`, `engine` (the LLMEngine), `worker`,
@@ -38,20 +38,11 @@ class DecodeServer:
     returned; `runtime` holds the rest of the skeleton).
     """
 
-    def __init__(self, config: DecodeConfig) -> None:
-        self.config = config
-        self.port = 0
-        self.address = ""
-        self.metrics_port: int | None = None
+    role = "decode"
+    service_name = SERVICE_NAME
 
-    async def start(self) -> DecodeServer:
-        """Load, bind and serve (see the module docstring)."""
-        self.runtime = rt = await start_worker("decode", SERVICE_NAME, self.config,
-                                               self._add_role)
-        self.port, self.address, self.metrics_port = rt.port, rt.address, rt.metrics_port
-        return self
-
-    def _add_role(self, rt: WorkerRuntime) -> RoleParts:
+    def add_role(self, rt: WorkerRuntime) -> RoleParts:
+        """The role's parts (module docstring, step 2), kept on self for tests."""
         cfg = self.config
         self.engine, self.ae, self.layout = rt.engine, rt.ae, rt.layout
         self.receiver = make_receiver(cfg.transport, rt.engine.kv_cache, rt.layout)
@@ -72,10 +63,6 @@ class DecodeServer:
     async def _close(self) -> None:
         await self.peers.close()
         self.receiver.close()
-
-    async def stop(self, drain_s: float | None = None) -> None:
-        """Drain (NOT_SERVING, finish or abort running requests), then stop."""
-        await self.runtime.stop(drain_s)
 
 
 def main(argv: list[str] | None = None) -> int:

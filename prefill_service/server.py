@@ -18,8 +18,8 @@ import sys
 from baton.engine.block_holds import BlockHolds
 from baton.transfer import make_sender
 from baton.worker.process import run_worker
-from baton.worker.start import RoleParts, WorkerRuntime, start_worker
-from prefill_service.config import PrefillConfig, parse_args
+from baton.worker.start import RoleParts, WorkerRuntime, WorkerServer
+from prefill_service.config import parse_args
 from prefill_service.metrics import PrefillMetrics
 from prefill_service.servicer import PrefillServicer
 from prefill_service.worker import PrefillWorker
@@ -28,7 +28,7 @@ from protos import prefill_pb2, prefill_pb2_grpc
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["PrefillService"].full_name
 
 
-class PrefillServer:
+class PrefillServer(WorkerServer):
     """One prefill worker. `await start()` binds and serves; `await stop()` drains and ends.
 
     Tests run it in-process (port 0): `port`, `address`, `engine` (the LLMEngine), `worker`,
@@ -36,20 +36,11 @@ class PrefillServer:
     returned; `runtime` holds the rest of the skeleton).
     """
 
-    def __init__(self, config: PrefillConfig) -> None:
-        self.config = config
-        self.port = 0
-        self.address = ""
-        self.metrics_port: int | None = None
+    role = "prefill"
+    service_name = SERVICE_NAME
 
-    async def start(self) -> PrefillServer:
-        """Load, bind and serve (see the module docstring)."""
-        self.runtime = rt = await start_worker("prefill", SERVICE_NAME, self.config,
-                                               self._add_role)
-        self.port, self.address, self.metrics_port = rt.port, rt.address, rt.metrics_port
-        return self
-
-    def _add_role(self, rt: WorkerRuntime) -> RoleParts:
+    def add_role(self, rt: WorkerRuntime) -> RoleParts:
+        """The role's parts (module docstring, step 2), kept on self for tests."""
         cfg = self.config
         self.engine, self.ae, self.layout = rt.engine, rt.ae, rt.layout
         self.sender = make_sender(cfg.transport, rt.engine.kv_cache, rt.layout)
@@ -64,10 +55,6 @@ class PrefillServer:
 
     async def _close(self) -> None:
         self.sender.close()
-
-    async def stop(self, drain_s: float | None = None) -> None:
-        """Drain (NOT_SERVING, finish in-flight prefills, release held blocks), then stop."""
-        await self.runtime.stop(drain_s)
 
 
 def main(argv: list[str] | None = None) -> int:

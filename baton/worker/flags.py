@@ -1,11 +1,13 @@
 """The command-line flags every worker role shares and the frozen configs they build:
 `add_engine_args` → EngineConfig (`engine_config_from_args`), `add_server_args` →
-ServerConfig (`server_config_from_args`). A role's config.py adds its own flags beside them.
+ServerConfig (`server_config_from_args`), and `add_role_args` → the fields of `RoleConfig`
+(`role_config_kwargs`) that each role's config extends. A role's config.py adds its own
+flags beside them.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig
 
@@ -89,3 +91,49 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
 def served_model_name(engine: EngineConfig, override: str | None) -> str:
     """The model identity both ends put in their KV layouts."""
     return override or engine.model.rstrip("/").rsplit("/", 1)[-1]
+
+
+TRANSPORTS = ("nixl", "grpc", "inproc")  # inproc: unit tests only (one process)
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    """What every worker role's frozen config holds (DecodeConfig, PrefillConfig extend it).
+
+    served_model_name: model identity in KV layouts (default: the folder or registered name).
+    transport: how KV blocks move ("nixl" | "grpc"; "inproc" for tests).
+    max_prompt_tokens: per-request prompt limit (INVALID_ARGUMENT above it).
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    served_model_name: str | None = None
+    transport: str = "nixl"
+    max_prompt_tokens: int = 32768
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be nixl, grpc or inproc, got {self.transport!r}")
+        if self.max_prompt_tokens < 1:
+            raise ValueError("max_prompt_tokens must be ≥ 1")
+
+
+def add_role_args(p: argparse.ArgumentParser, default_port: int,
+                  role: str) -> argparse._ArgumentGroup:
+    """Engine and server flags, then the role's group with --transport and
+    --max-prompt-tokens; returns that group for the role's own flags."""
+    add_engine_args(p)
+    add_server_args(p, default_port)
+    g = p.add_argument_group(role)
+    g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"],
+                   help="how KV blocks move between prefill and decode workers")
+    g.add_argument("--max-prompt-tokens", type=int, default=32768,
+                   help="longest prompt a request may have (INVALID_ARGUMENT above)")
+    return g
+
+
+def role_config_kwargs(a: argparse.Namespace) -> dict:
+    """RoleConfig's fields from parsed `add_role_args` flags."""
+    return dict(engine=engine_config_from_args(a), server=server_config_from_args(a),
+                served_model_name=a.served_model_name, transport=a.transport,
+                max_prompt_tokens=a.max_prompt_tokens)

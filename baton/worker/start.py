@@ -19,32 +19,22 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from baton.config import EngineConfig
 from baton.engine.llm_engine import LLMEngine
 from baton.grpc_options import CHANNEL_OPTIONS
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
-from baton.worker.flags import ServerConfig, served_model_name
+from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
 from protos import common_pb2
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerConfig(Protocol):
-    """The part of a role's frozen config (DecodeConfig, PrefillConfig) the start path reads."""
-
-    engine: EngineConfig
-    server: ServerConfig
-    served_model_name: str | None
-    transport: str
 
 
 @dataclass
@@ -82,7 +72,7 @@ class WorkerRuntime:
         logger.info("%s worker stopped", self.role, extra={"address": self.address})
 
 
-async def start_worker(role: str, service_name: str, config: WorkerConfig,
+async def start_worker(role: str, service_name: str, config: RoleConfig,
                        build: Callable[[WorkerRuntime], RoleParts]) -> WorkerRuntime:
     """Start a worker of `role` serving `service_name` (steps 1-4 of the module docstring)."""
     engine = LLMEngine(config.engine)
@@ -103,6 +93,41 @@ async def start_worker(role: str, service_name: str, config: WorkerConfig,
                                                   "transport": config.transport,
                                                   "num_blocks": engine.num_blocks})
     return rt
+
+
+class WorkerServer:
+    """One worker process's server: `await start()` loads, binds and serves; `await stop()`
+    drains and ends. A role (DecodeServer, PrefillServer) sets `role` and `service_name` and
+    builds its parts in `add_role(runtime) -> RoleParts`; everything else is this skeleton.
+
+    Tests run it in-process (port 0): `port`, `address`, `metrics_port` once started, and
+    `runtime` (engine, ae, layout, server, health) — plus whatever `add_role` kept.
+    """
+
+    role: str = ""  # "decode" | "prefill"
+    service_name: str = ""  # the gRPC service whose health turns SERVING
+
+    def __init__(self, config: RoleConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.address = ""
+        self.metrics_port: int | None = None
+        self.runtime: WorkerRuntime | None = None
+
+    async def start(self) -> WorkerServer:
+        """Load, bind and serve (start_worker with this role's parts)."""
+        self.runtime = rt = await start_worker(self.role, self.service_name, self.config,
+                                               self.add_role)
+        self.port, self.address, self.metrics_port = rt.port, rt.address, rt.metrics_port
+        return self
+
+    def add_role(self, rt: WorkerRuntime) -> RoleParts:
+        """Build the role's parts on the started skeleton (before it serves)."""
+        raise NotImplementedError
+
+    async def stop(self, drain_s: float | None = None) -> None:
+        """Drain (NOT_SERVING, the role's drain within drain_s or --drain-seconds), stop."""
+        await self.runtime.stop(drain_s)
 
 
 # ---- server pieces --------------------------------------------------------------------------
