@@ -11,18 +11,22 @@ from baton.bench.synthetic import BurstsConfig, SyntheticConfig, bursts, generat
 from baton.bench.tokens import TokenCounter
 from baton.bench.workload import Scaling, Session
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+# Slices of the public traces, shipped in the package (traces/README.md: sources, licences).
+TRACES = Path(__file__).resolve().parent / "traces"
 DEFAULT_TRACE = {
-    "tau-bench": "tau_bench/gpt-4o-airline.json.gz",
+    "tau-bench": "tau_bench/gpt-4o-airline.head48.json.gz",
     "swe-agent": "swe_agent_trajectories",
-    "mooncake": "mooncake_fast25/conversation_trace.jsonl.gz",
+    "mooncake": "mooncake_fast25/conversation_trace.head1500.jsonl.gz",
 }
 WORKLOADS = ("tau-bench", "swe-agent", "mooncake", "agentx", "synthetic", "bursts")
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The workload flags: which trace, its model/tokenizer, how it is cut and scaled."""
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=WORKLOADS, default="tau-bench")
-    g.add_argument("--trace", type=Path, help="trace file or folder (default: the shared copy)")
+    g.add_argument("--trace", type=Path,
+                   help="trace file or folder (default: the slice shipped in baton/bench/traces/)")
     g.add_argument("--model", default="smollm2-135m", help="served model (and its tokenizer)")
     g.add_argument("--tokenizer", help="tokenizer folder or model name; 'none' = chars/4")
     g.add_argument("--max-sessions", type=int)
@@ -74,7 +78,10 @@ def load_workload(args, counter: TokenCounter) -> list[Session]:
         return bursts(BurstsConfig(sessions=args.synthetic_sessions, seed=args.seed), scaling)
     if args.workload == "agentx" and args.trace is None:
         raise SystemExit("--workload agentx needs --trace FILE_OR_DIR (WEKA/AgentX JSON)")
-    path = args.trace or TRACES / DEFAULT_TRACE[args.workload]
+    path = Path(args.trace) if args.trace else TRACES / DEFAULT_TRACE[args.workload]
+    if not path.exists():
+        raise SystemExit(f"--workload {args.workload}: no trace at {path}; pass --trace "
+                         f"FILE_OR_DIR (see baton/bench/traces/README.md)")
     if args.workload == "tau-bench":
         return loaders.load_tau_bench(path, counter, scaling, args.think_time)
     if args.workload == "swe-agent":
