@@ -7,6 +7,7 @@
     baton gateway       [ARGS]        = python -m gateway ARGS
     baton up            [ARGS]        local cluster: gateway + prefill + decode processes
     baton bench         [ARGS]        replay agent traffic against a gateway
+    baton --version
 
 Roles run as their own processes (exactly as in a container or a pod), so `baton` never
 imports a service package: it execs `python -m <role>`.
@@ -33,25 +34,44 @@ def _prepare_model(argv: list[str]) -> int:
     return 0
 
 
-def _generate(argv: list[str]) -> int:
-    from baton import LLM, SamplingParams
-
-    p = argparse.ArgumentParser(prog="baton generate", description="Offline generation.")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+def _generate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baton generate", description="Offline generation.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (bf16/fp16 are slow on CPUs without them)")
     p.add_argument("--prompt", action="append", required=True,
                    help="a prompt (repeat for a batch)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    args = p.parse_args(argv)
-    llm = LLM(args.model, dtype=args.dtype)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (None: OMP_NUM_THREADS, else the CPUs this process may "
+                        "run on less those busy now)")
+    return p
+
+
+def _generate(argv: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    from baton import LLM, SamplingParams
+    from baton.models.registry import resolve_model
+    from baton.threads import set_torch_threads
+
+    args = _generate_parser().parse_args(argv)
+    set_torch_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
     prompts = args.prompt
     if args.chat:
-        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                                     tokenize=False, add_generation_prompt=True)
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                                 tokenize=False, add_generation_prompt=True)
                    for t in prompts]
+    # A KV pool for exactly this batch (every prompt + its tokens), not the 2 GiB default.
+    block_size = 16
+    need = sum(-(-(len(tokenizer.encode(t)) + args.max_tokens) // block_size) for t in prompts)
+    llm = LLM(args.model, dtype=args.dtype, block_size=block_size, num_blocks=need + 1,
+              max_model_len=(need + 1) * block_size)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     for out in llm.generate(prompts, params):
@@ -64,10 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     """`baton COMMAND ARGS` (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = ["prepare-model", "generate", *ROLE_COMMANDS, "up", "bench"]
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help")
-              else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-V", "--version"):
+        from baton import __version__
+        print(f"baton {__version__}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in commands:
+        print(f"baton: unknown command {argv[0]!r}; one of: {', '.join(commands)} "
+              f"(baton --help)", file=sys.stderr)
+        return 2
     cmd, rest = argv[0], argv[1:]
     if cmd in ROLE_COMMANDS:
         module = ROLE_MODULES[ROLE_COMMANDS[cmd]]

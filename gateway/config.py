@@ -132,7 +132,7 @@ def _addresses(values: list[str] | None) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gateway",
+    p = argparse.ArgumentParser(prog="baton gateway",
                                 description="Baton gateway: OpenAI HTTP API + gRPC front.")
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     p.add_argument("--served-model-name", default="", help="name clients use (default --model)")

@@ -9,6 +9,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Workers (in-process or child) pick their torch threads from it (baton/threads.py): the
+# same count in every test, whatever the machine's load.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -20,6 +20,8 @@ class ServerConfig:
     advertise_address: host:port peers dial (its worker id); None = host:bound port.
     metrics_port: Prometheus HTTP port on `host` (0 = any free port, None = no HTTP server).
     drain_seconds: on SIGTERM, how long in-flight requests may take to finish.
+    num_threads: torch threads (None: baton.threads.default_num_threads, from the CPUs the
+    process may run on).
     """
 
     host: str = "127.0.0.1"
@@ -28,6 +30,7 @@ class ServerConfig:
     metrics_port: int | None = None
     drain_seconds: float = 30.0
     log_level: str = "INFO"
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -67,6 +70,9 @@ def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--metrics-port", type=int, default=None)
     g.add_argument("--drain-seconds", type=float, default=30.0)
     g.add_argument("--log-level", default="INFO")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: OMP_NUM_THREADS, else the CPUs this process "
+                        "may run on less those busy at start)")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -85,7 +91,7 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
     """The ServerConfig of parsed `add_server_args` flags."""
     return ServerConfig(host=a.host, port=a.port, advertise_address=a.advertise_address,
                         metrics_port=a.metrics_port, drain_seconds=a.drain_seconds,
-                        log_level=a.log_level)
+                        log_level=a.log_level, num_threads=a.threads)
 
 
 def served_model_name(engine: EngineConfig, override: str | None) -> str:

@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton.engine.llm_engine import LLMEngine
 from baton.grpc_options import CHANNEL_OPTIONS
+from baton.threads import set_torch_threads
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
@@ -75,6 +76,7 @@ class WorkerRuntime:
 async def start_worker(role: str, service_name: str, config: RoleConfig,
                        build: Callable[[WorkerRuntime], RoleParts]) -> WorkerRuntime:
     """Start a worker of `role` serving `service_name` (steps 1-4 of the module docstring)."""
+    threads = set_torch_threads(config.server.num_threads)
     engine = LLMEngine(config.engine)
     ae = AsyncEngine(engine)
     ae.start()
@@ -91,7 +93,8 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
                                            rt.parts.registry)
     logger.info("%s worker serving", role, extra={"address": address,
                                                   "transport": config.transport,
-                                                  "num_blocks": engine.num_blocks})
+                                                  "num_blocks": engine.num_blocks,
+                                                  "threads": threads})
     return rt
 
 
