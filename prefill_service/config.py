@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> PrefillConfig:
     p = argparse.ArgumentParser(prog="baton serve-prefill",
                                 description="Baton prefill worker (gRPC PrefillService).")
     add_engine_args(p)
+    # A prefill worker's queue mixes continuing turns (short uncached suffixes) with cold
+    # contexts: shortest-first keeps the former from queueing behind the latter.
+    p.set_defaults(schedule_policy="shortest_first")
     add_server_args(p, DEFAULT_PORT)
     g = p.add_argument_group("prefill")
     g.add_argument("--transport", default="nixl", choices=["nixl", "grpc"])
