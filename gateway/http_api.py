@@ -36,6 +36,7 @@ from gateway.protocol import (
     to_sampling_params,
 )
 from gateway.responses import OutputSpec, collect, sse_events
+from gateway.sessions import session_keys
 from gateway.workers import DECODE, PREFILL, WorkerPool
 
 # Prompts longer than this (characters) are templated and tokenized on a thread, so one huge
@@ -122,12 +123,12 @@ class Routes:
         except (PromptError, RequestError) as e:
             raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        headers = request.headers
-        session = headers.get("x-session-id") or headers.get("x-correlation-id") or body.user
+        session = session_keys(request.headers.get, body.user)
         spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n, len(ids),
                           body.num_logprobs, parse_tools, body.include_usage)
         messages = self.dispatcher.stream(
-            TokenizedRequest(rid, ids, params, session or "", arrival))
+            TokenizedRequest(rid, ids, params, session.session_id, arrival,
+                             session.parent_session_id))
         if body.stream:
             return await _stream(request, spec, messages, self.prompts, self.metrics)
         try:
