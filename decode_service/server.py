@@ -58,7 +58,7 @@ class DecodeServer:
         if cfg.transport == "grpc":
             self.receiver.add_to_server(rt.server)
             self.receiver.set_address(rt.address)
-        self.metrics = DecodeMetrics()
+        self.metrics = DecodeMetrics(rt.layout.model)
         self.metrics.watch(rt.engine)
         self.peers = PrefillPeers(rt.layout, cfg.transport, rt.address,
                                   cfg.handshake_timeout_seconds, cfg.abort_timeout_seconds)

@@ -53,7 +53,7 @@ class PrefillServer:
         cfg = self.config
         self.engine, self.ae, self.layout = rt.engine, rt.ae, rt.layout
         self.sender = make_sender(cfg.transport, rt.engine.kv_cache, rt.layout)
-        self.metrics = PrefillMetrics()
+        self.metrics = PrefillMetrics(rt.layout.model)
         self.holds = BlockHolds(rt.engine)
         self.worker = PrefillWorker(cfg, rt.ae, self.holds, self.sender, self.metrics)
         self.metrics.watch(rt.engine, self.worker.entries)

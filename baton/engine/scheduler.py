@@ -30,6 +30,7 @@ from baton.config import SchedulerConfig
 from baton.engine.kv_cache import Block, KVCacheManager
 from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
+from baton.engine.stats import Totals
 
 
 class AdmissionError(Exception):
@@ -52,6 +53,7 @@ class Scheduler:
         self.remote_waits: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks held
         self._pending: set[int] | None = None  # block hashes this step computes (lazy)
         self._hit_blocks: dict[str, int] = {}  # waiting request → estimated hit (last order)
+        self.totals = Totals()  # preemptions and prefix-cache queries counted here
 
     def add(self, request: Request) -> None:
         """Queue a request for (local) prefill: WAITING."""
@@ -63,6 +65,7 @@ class Scheduler:
         `num_cached_tokens` on: WAITING_FOR_REMOTE_KV until `remote_kv_ready`."""
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         request.num_computed_tokens = request.num_cached_tokens = num_cached_tokens
+        self._count_prefix_query(request, num_cached_tokens)
         self.remote_waits[request.request_id] = request
 
     def remote_kv_ready(self, request: Request, num_computed_tokens: int) -> None:
@@ -186,6 +189,7 @@ class Scheduler:
                 req.num_computed_tokens = num_computed
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_computed
+                    self._count_prefix_query(req, num_computed)
                 if req.scheduled_time is None:
                     req.scheduled_time = time.monotonic()
                 req.status = RequestStatus.RUNNING
@@ -259,7 +263,14 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.totals.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    def _count_prefix_query(self, req: Request, num_hit_tokens: int) -> None:
+        if not self.kv.enable_prefix_caching:
+            return  # no lookup happened (vLLM records no prefix-cache stats then either)
+        self.totals.prefix_cache_queries += req.num_tokens
+        self.totals.prefix_cache_hits += num_hit_tokens
 
     def finish(self, req: Request, status: RequestStatus, free: bool = True) -> None:
         """End a request in any state: drop it from the queues and (if `free`) release its
