@@ -49,6 +49,7 @@ class DecodeServer:
         self.runtime = rt = await start_worker("decode", SERVICE_NAME, self.config,
                                                self._add_role)
         self.port, self.address, self.metrics_port = rt.port, rt.address, rt.metrics_port
+        self.servicer.stats.metrics_port = rt.metrics_port or 0  # bound after build
         return self
 
     def _add_role(self, rt: WorkerRuntime) -> RoleParts:
