@@ -15,10 +15,9 @@ prefill worker may be writing into them); vLLM's scheduler likewise moves
 WAITING_FOR_REMOTE_KVS back itself once its connector reports the KV received.
 
 Admission order (`SchedulerConfig.policy`): "fcfs" takes the waiting queue as it stands
-(preempted requests at its front); "shortest_first" first sorts it (`shortest_first`) so a
-continuing turn with a few hundred uncached tokens is not queued behind a cold 20 s prompt.
-The admission rules then run unchanged over that order: whole-prompt fit, skip-and-pass for
-at most max_bypass_s, deferral behind an in-flight prefix, the per-request chunk cap.
+(preempted first); "shortest_first" sorts it first (`shortest_first`), so a continuing turn
+is not queued behind a cold 20 s prompt. The admission rules then run unchanged over that
+order: whole-prompt fit, passing for at most max_bypass_s, in-flight prefix deferral, chunk cap.
 """
 from __future__ import annotations
 
@@ -186,30 +185,31 @@ class Scheduler:
                         break  # passed by long enough: nothing behind it goes first
                     continue
                 req.blocked_since = None
-                req.num_computed_tokens = num_computed
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = num_computed
-                    self._count_prefix_query(req, num_computed)
-                if req.scheduled_time is None:
-                    req.scheduled_time = time.monotonic()
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                scheduled.append(self._scheduled(req, n))
+                self._start_running(req, num_computed, n, scheduled)
                 budget -= n
                 reserved += self._blocks_to_finish(req)
         finally:
             self.waiting.extendleft(reversed(skipped))
         return budget
 
-    def _order_waiting(self, now: float) -> None:
-        """Sort the waiting queue by the configured policy (fcfs: leave it as it is).
+    def _start_running(self, req: Request, num_computed: int, n: int,
+                       scheduled: list[ScheduledRequest]) -> None:
+        """Admitted: RUNNING with num_computed tokens of KV (its cache hit), n new this step."""
+        req.num_computed_tokens = num_computed
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_computed
+            self._count_prefix_query(req, num_computed)
+        if req.scheduled_time is None:
+            req.scheduled_time = time.monotonic()
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        scheduled.append(self._scheduled(req, n))
 
-        The rank needs each request's prefix-cache hit. Counting it exactly every step
-        (get_computed_blocks) costs ~1 ms per 20k-token prompt (measured: 64 such prompts,
-        64 ms; hash membership alone 18 ms), more than a step's forward on a long queue, so
-        the hit is an estimate kept per request and moved only by the blocks that changed
-        (`KVCacheManager.estimate_hit_blocks`): O(1) a request on a quiet step.
-        """
+    def _order_waiting(self, now: float) -> None:
+        """Sort the waiting queue by the policy (fcfs: leave it). An exact hit per request
+        per step (get_computed_blocks) costs ~1 ms a 20k-token prompt (64 of them: 64 ms;
+        hash lookups alone 18 ms), so each hit is an estimate moved only by the blocks that
+        changed since the last step (`KVCacheManager.estimate_hit_blocks`)."""
         if self.config.policy != "shortest_first" or len(self.waiting) < 2:
             return
         bs, old, hits = self.kv.block_size, self._hit_blocks, {}
