@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+SCHEDULE_POLICIES = ("fcfs", "shortest_first")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -53,12 +54,18 @@ class SchedulerConfig:
     requests behind it; after that nothing behind it is admitted until it fits, so a steady
     stream of small requests cannot starve a large one (running requests finish and free
     blocks). 0 = strict FIFO admission.
+    policy: the order waiting requests are considered for admission (scheduler.py):
+    "fcfs" (arrival) or "shortest_first" (fewest uncached prompt tokens first, with aging).
+    max_prefill_wait_s: under shortest_first, a request waiting longer than this goes before
+    the younger ones (in arrival order among such), so a long cold prefill still starts.
     """
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     long_prefill_token_threshold: int = 512
     max_bypass_s: float = 5.0
+    policy: str = "fcfs"
+    max_prefill_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -67,8 +74,10 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be ≥ 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be ≥ 0")
-        if self.max_bypass_s < 0:
-            raise ValueError("max_bypass_s must be ≥ 0")
+        if self.max_bypass_s < 0 or self.max_prefill_wait_s < 0:
+            raise ValueError("max_bypass_s and max_prefill_wait_s must be ≥ 0")
+        if self.policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"policy must be one of {SCHEDULE_POLICIES}, got {self.policy!r}")
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
 """Prometheus metrics of one decode worker, in a registry of its own (so two workers can
-share a process in tests). Engine gauges read live state lazily at scrape time."""
+share a process in tests). Engine gauges read live state lazily at scrape time; the vLLM-named
+series sit beside Baton's (baton/worker/vllm_metrics.py)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from baton.worker.vllm_metrics import VllmEngineCollector, vllm_latency_histograms
 
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class DecodeMetrics:
-    def __init__(self) -> None:
+    """model_name: the served model name, the vLLM series' `model_name` label."""
+
+    def __init__(self, model_name: str = "") -> None:
+        self.model_name = model_name
         r = self.registry = CollectorRegistry()
         self.waiting = Gauge("baton_decode_waiting_requests", "Requests queued in the engine",
                              registry=r)
@@ -42,9 +48,22 @@ class DecodeMetrics:
         self.transfer_seconds = Histogram("baton_kv_transfer_seconds",
                                           "KV transfer time (sender) + arrival wait",
                                           buckets=_SECONDS, registry=r)
+        self.vllm_ttft, self.vllm_itl = vllm_latency_histograms(r, model_name)
+
+    def observe_first_token(self, seconds: float) -> None:
+        """Time from arrival to a request's first token (Baton's and vLLM's histogram)."""
+        self.ttft.observe(seconds)
+        self.vllm_ttft.observe(seconds)
+
+    def observe_tokens(self, seconds_per_token: float, num_tokens: int) -> None:
+        """num_tokens more tokens of one sequence, seconds_per_token apart on average."""
+        self.itl.observe(seconds_per_token)
+        for _ in range(num_tokens):  # vLLM counts one inter-token gap per token
+            self.vllm_itl.observe(seconds_per_token)
 
     def watch(self, engine) -> None:
         """Point the engine gauges at live state (EngineCounts: safe from the scrape thread)."""
+        self.registry.register(VllmEngineCollector(engine.counts, self.model_name))
         self.waiting.set_function(lambda: engine.counts().num_waiting)
         self.running.set_function(lambda: engine.counts().num_running)
         self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)

@@ -49,7 +49,7 @@ class DecodeServer(WorkerServer):
         if cfg.transport == "grpc":
             self.receiver.add_to_server(rt.server)
             self.receiver.set_address(rt.address)
-        self.metrics = DecodeMetrics()
+        self.metrics = DecodeMetrics(rt.layout.model)
         self.metrics.watch(rt.engine)
         self.peers = PrefillPeers(rt.layout, cfg.transport, rt.address,
                                   cfg.handshake_timeout_seconds, cfg.abort_timeout_seconds)
@@ -58,7 +58,8 @@ class DecodeServer(WorkerServer):
                                    self.metrics)
         self.servicer = DecodeServicer(self.worker, rt.layout, rt.address)
         decode_pb2_grpc.add_DecodeServiceServicer_to_server(self.servicer, rt.server)
-        return RoleParts(self.metrics.registry, self.worker.drain, self._close)
+        return RoleParts(self.metrics.registry, self.worker.drain, self._close,
+                         self.servicer.stats)
 
     async def _close(self) -> None:
         await self.peers.close()

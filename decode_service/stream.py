@@ -92,10 +92,10 @@ class ResponseBuilder:
         now = time.monotonic()
         if self.first_token_time is None:
             self.first_token_time = now
-            self.metrics.ttft.observe(now - self.job.arrival)
+            self.metrics.observe_first_token(now - self.job.arrival)
         last = self.last_token_time.get(index)
         if last is not None and num_tokens:
-            self.metrics.itl.observe((now - last) / num_tokens)
+            self.metrics.observe_tokens((now - last) / num_tokens, num_tokens)
         if num_tokens:
             self.last_token_time[index] = now
 

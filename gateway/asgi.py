@@ -26,7 +26,8 @@ from gateway.metrics import GatewayMetrics
 logger = logging.getLogger(__name__)
 
 ARRIVAL_KEY = "baton.arrival"
-_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+              "/metrics/workers"}
 
 
 class BodyTooLarge(HTTPException):

@@ -45,6 +45,7 @@ class TokenizedRequest:
     params: common_pb2.SamplingParams
     session_id: str = ""
     arrival: float = field(default_factory=time.monotonic)
+    parent_session_id: str = ""  # the session that spawned this one (gateway/sessions.py)
 
     @property
     def n(self) -> int:
@@ -96,7 +97,8 @@ class Dispatcher:
         last_error: GatewayError | None = None
         for _ in range(self.config.max_attempts):
             decision = self.router.route(request.session_id, hashes, self.pool.views(DECODE),
-                                         self.pool.views(PREFILL), time.monotonic(), tried)
+                                         self.pool.views(PREFILL), time.monotonic(), tried,
+                                         request.parent_session_id)
             worker = decision and self.pool.get(DECODE, decision.decode)
             if worker is None:
                 break

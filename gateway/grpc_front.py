@@ -7,6 +7,8 @@ NOT_FOUND, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXC
 A client that cancels the call cancels the decode call behind it. With an API key, every
 method but the standard health service needs `authorization: Bearer KEY` metadata (as HTTP
 needs the header on every path but /health): `ApiKeyInterceptor`.
+The session is the request's `session_id`, else the HTTP session headers sent as metadata
+(`x-session-id`, `x-dynamo-session-id`, ...; gateway/sessions.py), as is the parent session.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError
 from gateway.prompts import PromptBuilder, PromptError
+from gateway.sessions import session_keys
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -45,8 +48,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                     self._prompts.max_model_len)
         except (PromptError, ValueError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        meta = {k: v for k, v in (context.invocation_metadata() or ())
+                if isinstance(v, str)}
+        keys = session_keys(meta.get)
         job = TokenizedRequest(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
-                  request.session_id, arrival)
+                               request.session_id or keys.session_id, arrival,
+                               keys.parent_session_id)
         messages = self._dispatcher.stream(job)
         try:
             async for msg in messages:

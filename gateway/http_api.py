@@ -36,6 +36,8 @@ from gateway.protocol import (
     to_sampling_params,
 )
 from gateway.responses import OutputSpec, collect, sse_events
+from gateway.sessions import session_keys
+from gateway.worker_metrics import Target, metrics_url, scrape
 from gateway.workers import DECODE, PREFILL, WorkerPool
 
 # Prompts longer than this (characters) are templated and tokenized on a thread, so one huge
@@ -52,6 +54,7 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
     routes = Routes(config, prompts, dispatcher, pool, metrics)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
+    app.add_api_route("/metrics/workers", routes.worker_metrics_text, methods=["GET"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
@@ -80,6 +83,15 @@ class Routes:
         for role in (DECODE, PREFILL):
             self.metrics.healthy_workers.labels(role).set(self.pool.num_healthy(role))
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def worker_metrics_text(self) -> Response:
+        """Every worker's /metrics with `worker` and `role` labels (gateway/worker_metrics.py)."""
+        targets = [Target(role, w.address, url) for role in (DECODE, PREFILL)
+                   for w in self.pool.workers[role].values()
+                   if w.stats is not None
+                   and (url := metrics_url(w.address, w.stats.metrics_port))]
+        body = await scrape(targets, self.config.rpc_timeout_s)
+        return Response(body, media_type="text/plain; version=0.0.4")
 
     async def models(self) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{
@@ -122,12 +134,12 @@ class Routes:
         except (PromptError, RequestError) as e:
             raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        headers = request.headers
-        session = headers.get("x-session-id") or headers.get("x-correlation-id") or body.user
+        session = session_keys(request.headers.get, body.user)
         spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n, len(ids),
                           body.num_logprobs, parse_tools, body.include_usage)
         messages = self.dispatcher.stream(
-            TokenizedRequest(rid, ids, params, session or "", arrival))
+            TokenizedRequest(rid, ids, params, session.session_id, arrival,
+                             session.parent_session_id))
         if body.stream:
             return await _stream(request, spec, messages, self.prompts, self.metrics)
         try:

@@ -3,6 +3,9 @@
     request ──▶ session key? ──yes──▶ its worker healthy, not excluded, not overloaded? ──▶ stick
                      │ no / moved
                      ▼
+              new session with a parent? ──yes──▶ the parent's worker usable? ──▶ "parent"
+                     │ no                 (a subagent's prompt starts with its parent's
+                     ▼                     context; then it sticks on its own session)
                 score(w) = kv_weight * (matched(w) - shared) / (prompt_blocks - shared)
                            - load_weight * load(w)              best score wins (ties rotate)
 
@@ -50,7 +53,8 @@ class WorkerView:
 @dataclass(frozen=True)
 class RouteDecision:
     """decode / prefill: chosen addresses (prefill None = local prefill). reason: "sticky",
-    "moved" (its session left an unusable worker), "kv", "load" or "round_robin".
+    "moved" (its session left an unusable worker), "parent" (a new session placed with the
+    session that spawned it), "kv", "load" or "round_robin".
     overlap_blocks: leading prompt blocks the chosen decode worker is thought to hold."""
 
     decode: str
@@ -78,10 +82,13 @@ class Router:
     # ---- queries -------------------------------------------------------------------------
     def route(self, session_id: str, block_hashes: Sequence[int],
               decodes: Sequence[WorkerView], prefills: Sequence[WorkerView], now: float,
-              exclude: Collection[str] = ()) -> RouteDecision | None:
+              exclude: Collection[str] = (), parent_session_id: str = ""
+              ) -> RouteDecision | None:
         """The workers for one request, or None when no healthy decode worker is left.
 
-        `exclude`: decode workers already tried for this request (retries)."""
+        `exclude`: decode workers already tried for this request (retries).
+        `parent_session_id`: the session that spawned this one; a session with no entry of
+        its own yet starts on its parent's workers when they are usable."""
         candidates = [w for w in decodes if w.healthy and w.address not in exclude]
         if not candidates:
             return None
@@ -92,12 +99,11 @@ class Router:
             return RouteDecision(decode.address, prefill and prefill.address, "round_robin",
                                  self.overlap(decode, block_hashes))
         session = self._live_session(session_id, now)
-        if session is not None:
-            decode = _find(candidates, session.decode)
-            if decode is not None and not self._should_leave(decode, candidates):
-                prefill = self._pick_prefill(session.prefill, block_hashes, prefill_pool)
-                return RouteDecision(decode.address, prefill, "sticky",
-                                     self.overlap(decode, block_hashes))
+        parent = self._live_session(parent_session_id, now) if session is None else None
+        for s, reason in ((session, "sticky"), (parent, "parent")):
+            stuck = self._stick(s, reason, candidates, block_hashes, prefill_pool)
+            if stuck is not None:
+                return stuck
         decode, overlap = self._best("decode", candidates, block_hashes)
         reason = "moved" if session is not None else ("kv" if overlap else "load")
         prefill = self._pick_prefill(session.prefill if session else None, block_hashes,
@@ -169,6 +175,17 @@ class Router:
             del self._sessions[session_id]
             return None
         return s
+
+    def _stick(self, s: _Session | None, reason: str, candidates: Sequence[WorkerView],
+               block_hashes: Sequence[int], prefill_pool: Sequence[WorkerView]
+               ) -> RouteDecision | None:
+        """Route to session s's decode worker (and its prefill worker, if still usable), or
+        None when there is no session or its worker is gone, excluded or overloaded."""
+        decode = _find(candidates, s.decode) if s is not None else None
+        if decode is None or self._should_leave(decode, candidates):
+            return None
+        prefill = self._pick_prefill(s.prefill, block_hashes, prefill_pool)
+        return RouteDecision(decode.address, prefill, reason, self.overlap(decode, block_hashes))
 
     def _should_leave(self, current: WorkerView, candidates: Sequence[WorkerView]) -> bool:
         """Leave an overloaded worker only for one that is not overloaded."""

@@ -32,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> PrefillConfig:
     p = argparse.ArgumentParser(prog="baton serve-prefill",
                                 description="Baton prefill worker (gRPC PrefillService).")
     g = add_role_args(p, DEFAULT_PORT, "prefill")
+    # A prefill worker's queue mixes continuing turns (short uncached suffixes) with cold
+    # contexts: shortest-first keeps the former from queueing behind the latter.
+    p.set_defaults(schedule_policy="shortest_first")
     g.add_argument("--lease-seconds", type=float, default=30.0)
     g.add_argument("--timeout-seconds", type=float, default=600.0,
                    help="cap of one Prefill call (queue, compute, transfer)")

@@ -1,14 +1,20 @@
 """Prometheus metrics of one prefill worker, in a registry of its own (so two workers can
-share a process in tests). Gauges read the engine lazily at scrape time."""
+share a process in tests). Gauges read the engine lazily at scrape time; the vLLM-named
+series sit beside Baton's (baton/worker/vllm_metrics.py)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from baton.worker.vllm_metrics import VllmEngineCollector
 
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class PrefillMetrics:
-    def __init__(self) -> None:
+    """model_name: the served model name, the vLLM series' `model_name` label."""
+
+    def __init__(self, model_name: str = "") -> None:
+        self.model_name = model_name
         r = self.registry = CollectorRegistry()
         self.waiting = Gauge("baton_prefill_waiting_requests", "Requests queued in the engine",
                              registry=r)
@@ -38,6 +44,7 @@ class PrefillMetrics:
 
     def watch(self, engine, held: dict) -> None:
         """Point the gauges at live state (EngineCounts: safe from the scrape thread)."""
+        self.registry.register(VllmEngineCollector(engine.counts, self.model_name))
         self.waiting.set_function(lambda: engine.counts().num_waiting)
         self.running.set_function(lambda: engine.counts().num_running)
         self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)

@@ -44,14 +44,15 @@ class PrefillServer(WorkerServer):
         cfg = self.config
         self.engine, self.ae, self.layout = rt.engine, rt.ae, rt.layout
         self.sender = make_sender(cfg.transport, rt.engine.kv_cache, rt.layout)
-        self.metrics = PrefillMetrics()
+        self.metrics = PrefillMetrics(rt.layout.model)
         self.holds = BlockHolds(rt.engine)
         self.worker = PrefillWorker(cfg, rt.ae, self.holds, self.sender, self.metrics)
         self.metrics.watch(rt.engine, self.worker.entries)
         self.servicer = PrefillServicer(self.worker, rt.layout, cfg.transport, rt.address)
         prefill_pb2_grpc.add_PrefillServiceServicer_to_server(self.servicer, rt.server)
         self.worker.start()  # the lease reaper; nothing is leased before the server serves
-        return RoleParts(self.metrics.registry, self.worker.drain, self._close)
+        return RoleParts(self.metrics.registry, self.worker.drain, self._close,
+                         self.servicer.stats)
 
     async def _close(self) -> None:
         self.sender.close()

@@ -433,3 +433,23 @@ def test_finishing_a_remote_kv_wait_frees_its_blocks():
     s.finish(k, RequestStatus.FINISHED_ABORTED, free=False)  # blocks kept for a transfer
     assert s.remote_waits == {} and s.kv.num_request_blocks("k") == 2
     assert s.kv.num_free_blocks == 2
+
+
+def test_totals_count_preemptions_and_prefix_cache_tokens():
+    """Queries and hits in tokens, once per request (first admission or remote-KV wait)."""
+    s = _scheduler(6, long_prefill_token_threshold=0)
+    s.add(_req("x", list(range(10, 15)), max_tokens=1))  # 5 tokens, caches [10..13]
+    _drain(s)
+    _remote_wait(s, r := _req("r", list(range(10, 20))))  # 10 tokens, 4 of them a hit
+    s.finish(r, RequestStatus.FINISHED_ABORTED)
+    assert (s.totals.prefix_cache_queries, s.totals.prefix_cache_hits) == (15, 4)
+    a = _req("a", [3] + list(range(10, 17)), max_tokens=2)  # the preemption case above
+    b = _req("b", [4] + list(range(10, 16)), max_tokens=2)
+    c = _req("c", [5] + list(range(10, 17)), max_tokens=2)
+    for q in (a, b, c):
+        s.add(q)
+    _step(s)
+    assert _step(s).preempted == [c] and s.totals.num_preemptions == 1
+    _drain(s)  # c's re-admission is not a new query
+    assert (s.totals.prefix_cache_queries, s.totals.prefix_cache_hits) == (38, 4)
+    assert s.totals.num_preemptions == 1

@@ -44,8 +44,9 @@ def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
 
 
 def prefill_args(a: argparse.Namespace) -> list[str]:
-    """A prefill worker's flags (every worker binds loopback on any free port)."""
-    return ["--model", a.model, "--host", "127.0.0.1", "--port", "0",
+    """A prefill worker's flags (every worker binds loopback on any free port, its metrics
+    too: the gateway's GET /metrics/workers finds them through WorkerStats.metrics_port)."""
+    return ["--model", a.model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
             "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5",
             *_passed_on(a, _WORKER_FLAGS)]
 

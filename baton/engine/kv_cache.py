@@ -218,6 +218,26 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * bs
 
+    def estimate_hit_blocks(self, request_id: str, token_ids: Sequence[int], hint: int) -> int:
+        """Leading full blocks of a waiting request whose hashes are cached: an estimate for
+        ordering the queue, updated from a previous answer `hint` in O(blocks changed).
+
+        Steps back from `hint` while the last counted block left the cache, then forward
+        while the next one is in it; hash membership only (no token check, no Block list:
+        `get_computed_blocks` stays the exact answer at admission). Exact when evictions eat
+        a chain from its tail, as `free` releases it; misses a hole punched mid-prefix.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        hashes, cached = self._hashes(request_id, token_ids), self.pool.cached
+        max_blocks = (len(token_ids) - 1) // self.block_size  # as get_computed_blocks
+        n = min(hint, max_blocks)
+        while n > 0 and hashes[n - 1] not in cached:
+            n -= 1
+        while n < max_blocks and hashes[n] in cached:
+            n += 1
+        return n
+
     def allocate_slots(
         self,
         request_id: str,

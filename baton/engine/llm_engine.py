@@ -94,9 +94,11 @@ class LLMEngine:
 
     def counts(self) -> EngineCounts:
         """Queue and pool sizes; safe to call from any thread (see EngineCounts)."""
-        s = self.scheduler
+        s, t = self.scheduler, self.scheduler.totals
         return EngineCounts(len(s.running), len(s.waiting), len(s.remote_waits),
-                            self.kv.num_free_blocks, self.kv.num_blocks)
+                            self.kv.num_free_blocks, self.kv.num_blocks, t.num_preemptions,
+                            t.prefix_cache_queries, t.prefix_cache_hits, t.prompt_tokens,
+                            t.generation_tokens)
 
     def stats(self, include_block_hashes: bool = False) -> EngineStats:
         """A consistent snapshot; call on the engine thread."""
@@ -227,6 +229,10 @@ class LLMEngine:
         tracked = self.requests[request_id]
         req = tracked.request
         req.append_output_token(token)
+        totals = self.scheduler.totals
+        totals.generation_tokens += 1
+        if len(req.output_token_ids) == 1:
+            totals.prompt_tokens += req.num_prompt_tokens
         status, delta = self._check_stop(tracked, token)
         if status is not None:
             del self.requests[request_id]

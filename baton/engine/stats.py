@@ -5,6 +5,7 @@ Services, wire messages and metrics read `EngineStats` (taken on the engine thre
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -12,15 +13,40 @@ if TYPE_CHECKING:
     from baton.engine.scheduler import Scheduler
 
 
+@dataclass
+class Totals:
+    """Cumulative counts since the engine started; only the engine thread adds to them.
+
+    num_preemptions: requests preempted (blocks freed, to be recomputed).
+    prefix_cache_queries / prefix_cache_hits: prompt tokens looked up in the prefix cache
+    and, of those, tokens found, once per request at its first admission or remote-KV wait
+    (as vLLM counts them, in tokens).
+    prompt_tokens: prompt tokens of requests that got their first output token.
+    generation_tokens: output tokens appended (a remote prefill's first token included).
+    """
+
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
 class EngineCounts(NamedTuple):
-    """Queue and pool sizes (requests, blocks); each a single len() read, so a metrics
-    thread may take them while the engine steps (each is exact, the set is not atomic)."""
+    """Queue and pool sizes (requests, blocks) and the cumulative `Totals`; each a single
+    read, so a metrics thread may take them while the engine steps (each is exact, the set
+    is not atomic)."""
 
     num_running: int
     num_waiting: int  # queued for local prefill (remote-KV waits not included)
     num_waiting_for_remote_kv: int
     num_free_blocks: int
     num_total_blocks: int
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
 
 
 class EngineStats(NamedTuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+from baton.config import SCHEDULE_POLICIES, CacheConfig, EngineConfig, SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-bypass-s", type=float, default=5.0,
                    help="seconds smaller requests may pass one that cannot get KV blocks "
                         "before admission waits for it (0 = FIFO)")
+    g.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES), default="fcfs",
+                   help="admission order of waiting requests: fcfs (arrival) or "
+                        "shortest_first (fewest uncached prompt tokens first, with aging); "
+                        "default fcfs, shortest_first on prefill workers")
+    g.add_argument("--max-prefill-wait-s", type=float, default=10.0,
+                   help="shortest_first aging: a request waiting longer than this goes "
+                        "before younger ones, in arrival order (0 = fcfs)")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -84,7 +91,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs,
                                   long_prefill_token_threshold=a.long_prefill_token_threshold,
-                                  max_bypass_s=a.max_bypass_s))
+                                  max_bypass_s=a.max_bypass_s, policy=a.schedule_policy,
+                                  max_prefill_wait_s=a.max_prefill_wait_s))
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:

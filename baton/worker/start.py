@@ -30,6 +30,7 @@ from baton.threads import set_torch_threads
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
+from baton.worker.stats_rpc import StatsRpc
 from protos import common_pb2
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class RoleParts:
     registry: CollectorRegistry  # its metrics, served on --metrics-port
     drain: Callable[[float], Awaitable[None]]  # finish in-flight work within s seconds
     close: Callable[[], Awaitable[None]]  # after the server stopped: close the role's parts
+    stats: StatsRpc | None = None  # its GetStats, told the metrics port once it is bound
 
 
 @dataclass
@@ -91,6 +93,8 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
     await set_serving(rt.health, [service_name], True)
     rt.metrics_port = start_metrics_server(config.server.host, config.server.metrics_port,
                                            rt.parts.registry)
+    if rt.parts.stats is not None:
+        rt.parts.stats.metrics_port = rt.metrics_port or 0
     logger.info("%s worker serving", role, extra={"address": address,
                                                   "transport": config.transport,
                                                   "num_blocks": engine.num_blocks,

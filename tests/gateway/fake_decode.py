@@ -43,6 +43,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     cancelled: list[str] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     stats_calls: int = 0
+    metrics_port: int = 0  # reported in GetStats (WorkerStats.metrics_port)
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -106,7 +107,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             role=common_pb2.WORKER_ROLE_DECODE, worker_id=self.worker_id, load=self.load,
             num_total_blocks=100, num_free_blocks=100,
             kv_layout=common_pb2.KVLayout(model="fake", block_size=self.block_size),
-            kv_epoch=self.kv_epoch)
+            kv_epoch=self.kv_epoch, metrics_port=self.metrics_port)
         if request.include_block_hashes:
             stats.snapshot.block_hashes.extend(self.block_hashes)
         return stats

@@ -168,3 +168,21 @@ def test_a_shared_system_prompt_does_not_drown_a_sessions_own_prefix():
     even = [WorkerView(A, load=0.5, cached=set(system)), WorkerView(B, load=0.2,
                                                                      cached=set(system))]
     assert router(RoutingPolicy.KV).route("", prompt, even, [], 0.0).decode == B
+
+
+def test_a_new_session_with_a_parent_starts_on_the_parents_workers():
+    r = router()
+    r.record("parent", RouteDecision(A, P1, "load"), [1, 2], 0.0)
+    decodes = [WorkerView(A, load=0.9), WorkerView(B, load=0.0)]  # B looks better
+    d = r.route("child", [1, 2, 3], decodes, views(P1, P2), 1.0, parent_session_id="parent")
+    assert (d.decode, d.prefill, d.reason, d.overlap_blocks) == (A, P1, "parent", 2)
+    r.record("child", d, [1, 2, 3], 1.0)
+    r.record("parent", RouteDecision(B, P2, "moved"), [1, 2], 2.0)  # the parent moves on
+    d = r.route("child", [1, 2, 3, 4], decodes, views(P1, P2), 3.0,
+                parent_session_id="parent")
+    assert (d.decode, d.reason) == (A, "sticky")  # the child keeps its own session
+    # an unknown parent, or one whose worker is overloaded, routes like a new session
+    assert r.route("orphan", [], decodes, [], 3.0, parent_session_id="nobody").decode == B
+    overloaded = [WorkerView(A, load=2.0), WorkerView(B, load=0.0)]
+    d = r.route("child2", [], overloaded, [], 3.0, parent_session_id="child")
+    assert (d.decode, d.reason) == (B, "load")

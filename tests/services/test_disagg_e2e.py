@@ -119,6 +119,20 @@ async def test_stats_and_metrics(whole):
     assert reg.get_sample_value("baton_kv_received_bytes_total") > 0
     assert reg.get_sample_value("baton_kv_free_blocks") == 96
     assert prefill.metrics.registry.get_sample_value("baton_kv_transferred_bytes_total") > 0
+    # the vLLM-named series: TTFT/ITL where the stream is, prefix-cache counts on both sides
+    dv, pv = _vllm(reg), _vllm(prefill.metrics.registry)
+    assert dv["vllm:time_to_first_token_seconds_count"] >= 1
+    assert dv["vllm:inter_token_latency_seconds_count"] >= 7
+    assert dv["vllm:generation_tokens_total"] >= 8 and dv["vllm:kv_cache_usage_perc"] == 0.0
+    assert pv["vllm:prefix_cache_queries_total"] >= 33 and pv["vllm:prompt_tokens_total"] >= 33
+    assert dv["vllm:prefix_cache_queries_total"] >= 33  # the remote-KV wait's lookup
+    assert pv["vllm:num_requests_running"] == pv["vllm:num_requests_waiting"] == 0
+
+
+def _vllm(registry) -> dict[str, float]:
+    """vllm:* sample name → value (the one model_name/engine series each has here)."""
+    return {s.name: s.value for m in registry.collect() for s in m.samples
+            if s.name.startswith("vllm:") and "le" not in s.labels}
 
 
 async def test_concurrent_mixed_requests_match_reference(whole, model):

@@ -113,6 +113,8 @@ async def test_processes_end_to_end_and_graceful_sigterm(procs, model):
         body = urllib.request.urlopen(
             f"http://127.0.0.1:{decode.metrics_port}/metrics", timeout=5).read().decode()
         assert "baton_ttft_seconds_count" in body and "baton_kv_received_bytes_total" in body
+        assert "vllm:time_to_first_token_seconds_count{" in body
+        assert (await client.stats()).metrics_port == decode.metrics_port  # /metrics/workers
         # SIGTERM while a transfer is in flight: prefill drains it, then exits cleanly.
         prompt2 = prompt_of(45, 2)
         task = asyncio.create_task(client.generate(prompt2, rid="slow-drain",

@@ -1,0 +1,79 @@
+"""GET /metrics/workers: every worker's Prometheus metrics through the gateway, one scrape.
+
+Workers serve their own /metrics on --metrics-port (`baton up` gives each a free port) and
+report that port in WorkerStats.metrics_port; the gateway already polls those stats, so it
+knows where each one is. A scrape here fetches them all at once (timeout each), adds the
+labels `worker` (its gRPC address) and `role` to every sample, and merges them family by
+family (one HELP/TYPE per name, as the exposition format requires), plus
+`baton_worker_metrics_up{worker, role}` 1/0 for whether the fetch worked. Gateway metrics
+stay on GET /metrics: worker and gateway names overlap (baton_ttft_seconds) and a slow
+worker should not delay the gateway's own scrape.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from gateway.config import split_host_port
+
+
+class Target(NamedTuple):
+    """One worker's metrics endpoint."""
+
+    role: str
+    address: str  # its gRPC address: the `worker` label
+    url: str
+
+
+def metrics_url(address: str, metrics_port: int) -> str | None:
+    """http://host:metrics_port/metrics of a worker at gRPC `address`; None without a port."""
+    if not metrics_port:
+        return None
+    host, _ = split_host_port(address)
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{metrics_port}/metrics"
+
+
+async def scrape(targets: Sequence[Target], timeout_s: float) -> bytes:
+    """The merged exposition text of every target (see the module docstring)."""
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        texts = await asyncio.gather(*(_fetch(client, t.url) for t in targets))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(list(zip(targets, texts))))
+    return generate_latest(registry)
+
+
+async def _fetch(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        r = await client.get(url)
+        r.raise_for_status()
+        return r.text
+    except httpx.HTTPError:
+        return None
+
+
+class _Merged(Collector):
+    def __init__(self, scraped: list[tuple[Target, str | None]]) -> None:
+        self._scraped = scraped
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        up = GaugeMetricFamily("baton_worker_metrics_up", "1 when the worker's /metrics "
+                               "answered this scrape", labels=["worker", "role"])
+        for target, text in self._scraped:
+            up.add_metric([target.address, target.role], 0.0 if text is None else 1.0)
+            for family in text_string_to_metric_families(text or ""):
+                merged = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type))
+                extra = {"worker": target.address, "role": target.role}
+                merged.samples.extend(s._replace(labels={**s.labels, **extra})
+                                      for s in family.samples)
+        yield up
+        yield from families.values()

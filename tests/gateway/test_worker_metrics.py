@@ -1,0 +1,51 @@
+"""GET /metrics/workers: the gateway fetches every worker's /metrics (the port each reports
+in WorkerStats.metrics_port) and labels each sample with its worker and role."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway.conftest import FakeWorker, running_gateway
+
+
+def _worker_registry(running: int) -> CollectorRegistry:
+    r = CollectorRegistry()
+    Gauge("vllm:num_requests_running", "running", ["model_name"], registry=r) \
+        .labels("tiny").set(running)
+    Counter("vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=r) \
+        .labels("tiny").inc(10 * running)
+    return r
+
+
+async def test_worker_metrics_are_merged_with_worker_and_role_labels(prompts):
+    servers = [start_http_server(0, addr="127.0.0.1", registry=_worker_registry(n))
+               for n in (1, 2)]
+    workers = [await FakeWorker.start(worker_id=f"w{i}", metrics_port=s[0].server_port)
+               for i, s in enumerate(servers)]
+    silent = await FakeWorker.start(worker_id="gone", metrics_port=1)  # nothing listens
+    bare = await FakeWorker.start(worker_id="bare")  # no metrics port: not listed
+    try:
+        async with running_gateway(prompts, [*workers, silent, bare]) as gw, \
+                httpx.AsyncClient(base_url=gw.http_url, timeout=10) as c:
+            await asyncio.sleep(0.3)  # a stats poll or more (poll_interval_s 0.05)
+            r = await c.get("/metrics/workers")
+        assert r.status_code == 200 and r.text.count("# TYPE vllm:prompt_tokens_total") == 1
+        samples = [s for f in text_string_to_metric_families(r.text) for s in f.samples]
+        running = {s.labels["worker"]: s.value for s in samples
+                   if s.name == "vllm:num_requests_running"}
+        assert running == {workers[0].address: 1.0, workers[1].address: 2.0}
+        tokens = [s for s in samples if s.name == "vllm:prompt_tokens_total"]
+        assert sorted(s.value for s in tokens) == [10.0, 20.0]
+        assert all(s.labels["role"] == "decode" and s.labels["model_name"] == "tiny"
+                   for s in tokens)
+        up = {s.labels["worker"]: s.value for s in samples
+              if s.name == "baton_worker_metrics_up"}
+        assert up == {workers[0].address: 1.0, workers[1].address: 1.0, silent.address: 0.0}
+    finally:
+        for w in [*workers, silent, bare]:
+            await w.stop(0)
+        for httpd, thread in servers:
+            httpd.shutdown()
