@@ -88,16 +88,19 @@ class PrefillPeers:
     def forget(self, address: str) -> None:
         self._peers.pop(address, None)
 
-    async def abort(self, peer: PrefillPeer, request_id: str) -> AbortAnswer:
+    async def abort(self, peer: PrefillPeer, request_id: str,
+                    again: bool = False) -> AbortAnswer:
         """Abort on the prefill worker. STOPPED once the peer's process answered (found or
         not, none of its transfers for the request can still be writing, and it refuses a
-        late Prefill of the id: prefill_service/worker.py)."""
+        late Prefill of the id: prefill_service/worker.py). `again`: a re-sent Abort, whose
+        failure is only logged at debug level (the first one's was a warning)."""
         extra = {"request_id": request_id, "peer": peer.address}
         try:
             resp = await peer.stub.Abort(common_pb2.AbortRequest(request_id=request_id),
                                          timeout=self.call_timeout_s)
         except grpc.aio.AioRpcError as e:
-            log.warning("prefill Abort failed: %s", e.code().name, extra=extra)
+            log.log(logging.DEBUG if again else logging.WARNING, "prefill Abort failed: %s",
+                    e.code().name, extra=extra)
             return AbortAnswer.UNANSWERED
         if resp.kv_epoch != peer.kv_epoch:
             log.warning("prefill Abort answered by another process (kv_epoch %016x, "

@@ -25,7 +25,8 @@ Abort (it answers only once its transfer stopped; an Abort answer counts only fr
 process that shook hands, peers.py), or when the receiver refuses late writes
 after forget() (`KVReceiver.refuses_late_writes`: the gRPC and in-process transports). Yes
 only for one-sided writes (NIXL) when the prefill worker went silent: the caller then has the
-engine hold the blocks until the prefill deadline (+ grace) has passed (sequence.py).
+engine hold the blocks (quarantine.py) until a re-sent Abort is answered, at the latest
+until the prefill deadline (+ grace) has passed.
 Never decode from partial KV: only OK (prefill said OK *and* the receiver saw every block)
 lets the sequence run on transferred blocks.
 """
