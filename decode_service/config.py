@@ -26,11 +26,12 @@ class DecodeConfig(RoleConfig):
     long, measured by polling its GetStats `num_steps`. A queue of long prefills ahead of
     this one does not end it while the prefill worker keeps stepping (a fixed deadline did,
     whatever the queue). prefill_max_seconds: hard cap of one Prefill call, sent as its
-    timeout_seconds (the prefill worker stops by then; NIXL quarantines last until then).
+    timeout_seconds (the prefill worker stops by then; a NIXL quarantine lasts until then at
+    most: it ends once a re-sent Abort is answered, decode_service/quarantine.py).
     kv_wait_seconds: after Prefill answered OK, how long the receiver may take to report
     every block written. abort_timeout_seconds / handshake_timeout_seconds: those calls.
-    quarantine_grace_seconds: blocks whose transfer could not be confirmed stopped are
-    reused only this long after the prefill deadline.
+    quarantine_grace_seconds: blocks whose transfer the prefill worker never confirmed
+    stopped are reused only this long after the prefill deadline.
     max_n: most completions per request (INVALID_ARGUMENT above it).
     """
 

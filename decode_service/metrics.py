@@ -28,6 +28,10 @@ class DecodeMetrics:
         self.quarantines = Counter("baton_decode_quarantines",
                                    "Sequences whose blocks waited out an unconfirmed transfer",
                                    registry=r)
+        self.quarantines_confirmed = Counter(
+            "baton_decode_quarantines_confirmed",
+            "Quarantines ended before the prefill deadline: a re-sent Abort was answered",
+            registry=r)
         self.free_blocks = Gauge("baton_kv_free_blocks", "KV blocks no request holds",
                                  registry=r)
         self.ttft = Histogram("baton_ttft_seconds", "Time to first token", buckets=_SECONDS,

@@ -8,10 +8,16 @@
                      refused → Rejected(FAILED_PRECONDITION, "... block_size: 16 != 8 ...")
                      unreachable → Rejected(UNAVAILABLE, ...)
     forget(address) drops a cached handshake (the peer restarted or answered LAYOUT_MISMATCH).
+
+A peer is one prefill *process*: its handshake's kv_epoch (random per process) goes into
+every Prefill (another process refuses it: STALE_HANDSHAKE) and comes back with every Abort
+answer, so abort() tells an answer of the process that may be writing (STOPPED) from one of
+a process that restarted on its address (OTHER_PROCESS: it cannot vouch for the old one).
 """
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -31,6 +37,13 @@ class PrefillPeer:
     address: str
     stub: prefill_pb2_grpc.PrefillServiceStub
     worker_id: str
+    kv_epoch: int = 0  # the process that shook hands (0: it did not say)
+
+
+class AbortAnswer(enum.Enum):
+    STOPPED = enum.auto()        # the peer's process answered: none of its transfers writes
+    UNANSWERED = enum.auto()     # no answer in time (busy, paused, unreachable): ask again
+    OTHER_PROCESS = enum.auto()  # a restarted process answered: proves nothing of the old
 
 
 class PrefillPeers:
@@ -68,24 +81,33 @@ class PrefillPeers:
         if error:
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
                            f"prefill worker {address} is incompatible: {error}")
-        peer = self._peers[address] = PrefillPeer(address, stub, resp.worker_id)
+        peer = self._peers[address] = PrefillPeer(address, stub, resp.worker_id, resp.kv_epoch)
         log.info("handshake ok", extra={"peer": address})
         return peer
 
     def forget(self, address: str) -> None:
         self._peers.pop(address, None)
 
-    async def abort(self, peer: PrefillPeer, request_id: str) -> bool:
-        """Abort on the prefill worker; True once it answered (then none of its transfers
-        for the request can still be writing), False if it could not be reached."""
+    async def abort(self, peer: PrefillPeer, request_id: str,
+                    again: bool = False) -> AbortAnswer:
+        """Abort on the prefill worker. STOPPED once the peer's process answered (found or
+        not, none of its transfers for the request can still be writing, and it refuses a
+        late Prefill of the id: prefill_service/worker.py). `again`: a re-sent Abort, whose
+        failure is only logged at debug level (the first one's was a warning)."""
+        extra = {"request_id": request_id, "peer": peer.address}
         try:
-            await peer.stub.Abort(common_pb2.AbortRequest(request_id=request_id),
-                                  timeout=self.call_timeout_s)
-            return True
+            resp = await peer.stub.Abort(common_pb2.AbortRequest(request_id=request_id),
+                                         timeout=self.call_timeout_s)
         except grpc.aio.AioRpcError as e:
-            log.warning("prefill Abort failed: %s", e.code().name,
-                        extra={"request_id": request_id, "peer": peer.address})
-            return False
+            log.log(logging.DEBUG if again else logging.WARNING, "prefill Abort failed: %s",
+                    e.code().name, extra=extra)
+            return AbortAnswer.UNANSWERED
+        if resp.kv_epoch != peer.kv_epoch:
+            log.warning("prefill Abort answered by another process (kv_epoch %016x, "
+                        "handshake %016x): it restarted", resp.kv_epoch, peer.kv_epoch,
+                        extra=extra)
+            return AbortAnswer.OTHER_PROCESS
+        return AbortAnswer.STOPPED
 
     async def num_steps(self, peer: PrefillPeer, timeout_s: float,
                         max_age_s: float = 0.0) -> int | None:

@@ -21,10 +21,12 @@
 
 "May land" answers the one question the caller must ask before touching the blocks: can a
 transfer still be writing into them? No once the prefill worker answered the Prefill or an
-Abort (it answers only once its transfer stopped), or when the receiver refuses late writes
+Abort (it answers only once its transfer stopped; an Abort answer counts only from the
+process that shook hands, peers.py), or when the receiver refuses late writes
 after forget() (`KVReceiver.refuses_late_writes`: the gRPC and in-process transports). Yes
 only for one-sided writes (NIXL) when the prefill worker went silent: the caller then has the
-engine hold the blocks until the prefill deadline (+ grace) has passed (sequence.py).
+engine hold the blocks (quarantine.py) until a re-sent Abort is answered, at the latest
+until the prefill deadline (+ grace) has passed.
 Never decode from partial KV: only OK (prefill said OK *and* the receiver saw every block)
 lets the sequence run on transferred blocks.
 """
@@ -42,7 +44,7 @@ import grpc
 from baton.engine.remote_kv import RemotePrefillPlan
 from baton.transfer import KVReceiver, TransferState
 from decode_service.config import DecodeConfig
-from decode_service.peers import PrefillPeer, PrefillPeers
+from decode_service.peers import AbortAnswer, PrefillPeer, PrefillPeers
 from protos import common_pb2, prefill_pb2
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class RemotePrefill:
             request_id=self.rid, prompt_token_ids=self.prompt, sampling_params=self.params,
             num_cached_on_decode=plan.num_cached_tokens, dst_block_ids=plan.dst_block_ids,
             transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
-            timeout_seconds=timeout)
+            timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch)
         deadline = time.monotonic() + timeout
         try:
             result = await self._call(request)
@@ -149,7 +151,7 @@ class RemotePrefill:
         if not reply.done():  # aborted or stalled: stop the call, make sure nothing writes
             call.cancel()
             reply.cancel()
-            confirmed = await self.peers.abort(self.peer, self.rid)
+            confirmed = await self._abort()
             if stalled.done() and not stalled.cancelled() and not self.aborted.is_set():
                 self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
                 return self._failed("Prefill call failed: DEADLINE_EXCEEDED the prefill "
@@ -163,11 +165,16 @@ class RemotePrefill:
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
             return await self._rpc_failed(e)
         if resp.status != _STATUS.PREFILL_STATUS_OK:
-            if resp.status == _STATUS.PREFILL_STATUS_LAYOUT_MISMATCH:
+            if resp.status in (_STATUS.PREFILL_STATUS_LAYOUT_MISMATCH,
+                               _STATUS.PREFILL_STATUS_STALE_HANDSHAKE):
                 self.peers.forget(self.peer.address)
             return self._failed(f"prefill worker answered {_STATUS.Name(resp.status)}: "
                                 f"{resp.error}", stopped=True, response=resp)
         return RemoteResult(RemoteOutcome.OK, response=resp)
+
+    async def _abort(self) -> bool:
+        """True once the process that took the Prefill confirmed that nothing writes."""
+        return await self.peers.abort(self.peer, self.rid) is AbortAnswer.STOPPED
 
     async def _stalled(self) -> None:
         """Returns once the prefill worker's engine has run no forward step (or GetStats has
@@ -198,8 +205,7 @@ class RemotePrefill:
         if code == grpc.StatusCode.ALREADY_EXISTS:  # refused: nothing was or will be sent
             return self._failed(error, stopped=True)
         self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
-        confirmed = await self.peers.abort(self.peer, self.rid)
-        return self._failed(error, stopped=confirmed)
+        return self._failed(error, stopped=await self._abort())
 
     async def _await_arrival(self, result: RemoteResult) -> RemoteResult:
         """Prefill said every block is written: confirm on the receiver before using them."""

@@ -22,7 +22,8 @@ A quarantine is not a sequence state: it belongs to blocks. When a late write ma
 (NIXL, prefill worker silent), RemoteKV.fail(writes_may_land=True) moves the destination
 blocks into a *hold* (referenced, in no block table) and the sequence goes on (LOCAL: it is
 recomputed into fresh blocks under the same seq_id and the same output stream) or ends
-(FINISHED); a background task releases the hold after the prefill deadline + grace.
+(FINISHED); a background task (quarantine.py) releases the hold once a re-sent Abort is
+answered, at the latest after the prefill deadline + grace.
 
 Cancellation: the remote phase runs in a task of its own, so a client that goes away while
 KV is on its way only sets the abort event; the task still confirms that no transfer can
@@ -45,6 +46,7 @@ from baton.worker.async_engine import AsyncEngine
 from baton.worker.wire import logprob_from_proto, sampling_params_to_proto
 from decode_service.context import DecodeContext
 from decode_service.peers import PrefillPeer
+from decode_service.quarantine import Quarantine
 from decode_service.remote_prefill import RemoteOutcome, RemotePrefill, RemoteResult
 from protos import prefill_pb2
 
@@ -173,9 +175,9 @@ class DecodeSequence:
         if result.response is not None and \
                 result.response.status == prefill_pb2.PREFILL_STATUS_OK:
             ctx.spawn(ctx.peers.release(peer, self.seq_id))  # fire and forget: lease ends
-        await self._apply(result)
+        await self._apply(peer, result)
 
-    async def _apply(self, result: RemoteResult) -> None:
+    async def _apply(self, peer: PrefillPeer, result: RemoteResult) -> None:
         """Leave REMOTE_KV as the outcome and the `fail` / `recompute` policy say."""
         label = self.ctx.metrics.remote_prefills.labels
         outcome = result.outcome
@@ -183,18 +185,18 @@ class DecodeSequence:
             await self._finish_remote(result)
         elif outcome is RemoteOutcome.REJECTED:  # the request is bad: fail it, don't retry
             label("rejected").inc()
-            await self._fail_remote(result, recompute=False)
+            await self._fail_remote(peer, result, recompute=False)
             self.engine.close_stream(self.seq_id)
             raise ValueError(f"prefill worker rejected the request: {result.error}")
         elif outcome.aborted:
             label("aborted").inc()
-            await self._fail_remote(result, recompute=False)
+            await self._fail_remote(peer, result, recompute=False)
         elif self.ctx.config.recompute:
             label("recompute").inc()
-            await self._fail_remote(result, recompute=True)
+            await self._fail_remote(peer, result, recompute=True)
         else:
             label("failed").inc()
-            await self._fail_remote(result, recompute=False)
+            await self._fail_remote(peer, result, recompute=False)
 
     async def _finish_remote(self, result: RemoteResult) -> None:
         rid, rkv, resp = self.seq_id, self.remote_kv, result.response
@@ -209,7 +211,8 @@ class DecodeSequence:
         m.received_bytes.inc(resp.transferred_bytes)
         m.transfer_seconds.observe(resp.transfer_seconds + result.arrival_seconds)
 
-    async def _fail_remote(self, result: RemoteResult, *, recompute: bool) -> None:
+    async def _fail_remote(self, peer: PrefillPeer, result: RemoteResult, *,
+                           recompute: bool) -> None:
         """Recompute here (→ LOCAL) or end with an error or abort (→ FINISHED); blocks a
         late write may reach go into a hold first."""
         rid, rkv, outcome = self.seq_id, self.remote_kv, result.outcome
@@ -217,7 +220,7 @@ class DecodeSequence:
             rid, recompute=recompute, writes_may_land=outcome.writes_may_land,
             aborted=outcome.aborted, error=result.error))
         if failure.hold_id is not None:
-            self._quarantine(failure.hold_id, result.deadline)
+            self._quarantine(peer, failure.hold_id, result.deadline)
         if failure.output is None:
             self._to(S.LOCAL)
             return
@@ -226,16 +229,16 @@ class DecodeSequence:
         self.q.put_nowait(failure.output)  # it ended: no later output can overtake this one
         self._to(S.FINISHED)
 
-    def _quarantine(self, hold_id: int, deadline: float) -> None:
-        """Release the held blocks once no late write can land: the prefill worker stops by
-        `deadline` (its Prefill timeout), plus a grace for writes already under way."""
-        until = deadline + self.ctx.config.quarantine_grace_seconds
-        log.warning("quarantining blocks until the prefill deadline has passed",
-                    extra={"request_id": self.seq_id,
-                           "seconds": round(until - time.monotonic(), 3)})
+    def _quarantine(self, peer: PrefillPeer, hold_id: int, deadline: float) -> None:
+        """Hold the blocks until the prefill worker confirms that nothing writes into them,
+        at the latest until `deadline` (its Prefill timeout) + a grace for writes under way."""
+        q = Quarantine(hold_id, self.seq_id, peer,
+                       deadline + self.ctx.config.quarantine_grace_seconds)
+        log.warning("quarantining blocks until the prefill worker confirms its transfer "
+                    "stopped", extra={"request_id": self.seq_id, "peer": q.peer.address,
+                                      "seconds": round(q.until - time.monotonic(), 3)})
         self.ctx.metrics.quarantines.inc()
-        self.ctx.spawn(_release_hold_at(until, hold_id, self.engine, self.remote_kv,
-                                        self.ctx))
+        self.ctx.spawn(q.run(self.engine, self.remote_kv, self.ctx))
 
     # ---- streaming and stopping ----------------------------------------------------------
     async def outputs(self) -> AsyncIterator[StepOutput]:
@@ -280,12 +283,3 @@ class DecodeSequence:
             return self.remote.response.num_cached_tokens
         return self.decode_cached_tokens
 
-
-async def _release_hold_at(until: float, hold_id: int, engine: AsyncEngine,
-                           remote_kv: RemoteKV, ctx: DecodeContext) -> None:
-    ctx.metrics.quarantined.inc()
-    try:
-        await asyncio.sleep(max(0.0, until - time.monotonic()))
-        await engine.call(lambda e: remote_kv.release_hold(hold_id))
-    finally:
-        ctx.metrics.quarantined.dec()

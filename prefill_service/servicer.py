@@ -1,8 +1,10 @@
 """PrefillService over gRPC: protos in, worker calls, protos out; errors → status codes.
 
     Handshake      compare the decode worker's KV layout and transports with ours
-    Prefill        PrefillWorker.prefill (ValueError → INVALID_ARGUMENT, Rejected → its code)
-    Abort          PrefillWorker.abort: answers once no transfer of the request can write
+    Prefill        PrefillWorker.prefill (ValueError → INVALID_ARGUMENT, Rejected → its code);
+                   a kv_epoch of another process (a restart since the handshake) → STALE_HANDSHAKE
+    Abort          PrefillWorker.abort: answers once no transfer of the request can write;
+                   with this process's kv_epoch, so the caller knows who answered
     ReleaseBlocks  PrefillWorker.release: the lease ends, blocks go to the prefix cache
     GetStats       a WorkerStats snapshot taken on the engine thread
 """
@@ -34,7 +36,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
     async def Handshake(self, request: prefill_pb2.HandshakeRequest, context):
         resp = prefill_pb2.HandshakeResponse(
             kv_layout=self.layout, layout_hash=self.layout_hash, worker_id=self.worker_id,
-            transports=[self.transport])
+            transports=[self.transport], kv_epoch=self.stats.kv_epoch)
         try:
             check_compatible(self.layout, request.kv_layout)
             if request.layout_hash != kv_layout_hash(request.kv_layout):
@@ -53,6 +55,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         return resp
 
     async def Prefill(self, request: prefill_pb2.PrefillRequest, context):
+        if request.kv_epoch and request.kv_epoch != self.stats.kv_epoch:
+            # shaken hands with another process (this one restarted): a decode worker trusts
+            # Abort answers from that one alone, so this one must write nothing
+            return prefill_pb2.PrefillResponse(
+                request_id=request.request_id, status=prefill_pb2.PREFILL_STATUS_STALE_HANDSHAKE,
+                error=f"kv_epoch {request.kv_epoch:016x} is not this process's; handshake again")
         try:
             return await self.worker.prefill(request)
         except ValueError as e:
@@ -61,7 +69,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
             await context.abort(e.code, e.details)
 
     async def Abort(self, request: common_pb2.AbortRequest, context):
-        return common_pb2.AbortResponse(found=await self.worker.abort(request.request_id))
+        found = await self.worker.abort(request.request_id)
+        return common_pb2.AbortResponse(found=found, kv_epoch=self.stats.kv_epoch)
 
     async def ReleaseBlocks(self, request: prefill_pb2.ReleaseBlocksRequest, context):
         released = await self.worker.release(request.request_id)

@@ -171,7 +171,9 @@ class AbortRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
-    __slots__ = ("found",)
+    __slots__ = ("found", "kv_epoch")
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
     found: bool
-    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+    kv_epoch: int
+    def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ...) -> None: ...

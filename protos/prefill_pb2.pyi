@@ -25,6 +25,7 @@ class PrefillStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PREFILL_STATUS_LAYOUT_MISMATCH: _ClassVar[PrefillStatus]
     PREFILL_STATUS_TIMEOUT: _ClassVar[PrefillStatus]
     PREFILL_STATUS_ERROR: _ClassVar[PrefillStatus]
+    PREFILL_STATUS_STALE_HANDSHAKE: _ClassVar[PrefillStatus]
 TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_NIXL: TransportKind
 TRANSPORT_KIND_GRPC: TransportKind
@@ -36,6 +37,7 @@ PREFILL_STATUS_TRANSFER_FAILED: PrefillStatus
 PREFILL_STATUS_LAYOUT_MISMATCH: PrefillStatus
 PREFILL_STATUS_TIMEOUT: PrefillStatus
 PREFILL_STATUS_ERROR: PrefillStatus
+PREFILL_STATUS_STALE_HANDSHAKE: PrefillStatus
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("kv_layout", "layout_hash", "worker_id", "transports")
@@ -50,23 +52,25 @@ class HandshakeRequest(_message.Message):
     def __init__(self, kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layout_hash: _Optional[int] = ..., worker_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("compatible", "error", "kv_layout", "layout_hash", "worker_id", "transports")
+    __slots__ = ("compatible", "error", "kv_layout", "layout_hash", "worker_id", "transports", "kv_epoch")
     COMPATIBLE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
     compatible: bool
     error: str
     kv_layout: _common_pb2.KVLayout
     layout_hash: int
     worker_id: str
     transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    def __init__(self, compatible: _Optional[bool] = ..., error: _Optional[str] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layout_hash: _Optional[int] = ..., worker_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ...) -> None: ...
+    kv_epoch: int
+    def __init__(self, compatible: _Optional[bool] = ..., error: _Optional[str] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layout_hash: _Optional[int] = ..., worker_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds", "kv_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +80,7 @@ class PrefillRequest(_message.Message):
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
@@ -85,7 +90,8 @@ class PrefillRequest(_message.Message):
     endpoint: _transfer_pb2.TransferEndpoint
     lease_seconds: float
     timeout_seconds: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    kv_epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds")

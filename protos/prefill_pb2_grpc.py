@@ -85,7 +85,9 @@ class PrefillServiceServicer:
 
     def Abort(self, request, context):
         """Cancel a queued or running prefill; its transfer is stopped or waited out, never left
-        writing into blocks the decode worker might reuse.
+        writing into blocks the decode worker might reuse. Answered only once no transfer of
+        the request can still write (found or not: the id is refused by Prefill for a while
+        after), so a decode worker may re-send it until answered to end a hold on its blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

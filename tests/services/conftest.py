@@ -1,10 +1,11 @@
-"""Fixtures for the service tests: a tiny model and in-process server pairs per transport."""
+"""Fixtures for the service tests: a tiny model, in-process server pairs per transport, and a
+per-test Cluster (servers with configs of their own)."""
 from __future__ import annotations
 
 import pytest
 import pytest_asyncio
 
-from tests.services.helpers import Client, pools_whole, start_decode, start_prefill
+from tests.services.helpers import Client, Cluster, pools_whole, start_decode, start_prefill
 
 TRANSPORTS = ["nixl", "grpc"]
 
@@ -34,3 +35,11 @@ async def whole(pair):
     prefill, decode, _ = pair
     await pools_whole(prefill, decode)
     assert not prefill.worker.entries and not decode.worker.jobs
+
+
+@pytest.fixture
+async def cluster():
+    """A Cluster for one test: its servers and clients are closed afterwards."""
+    c = Cluster()
+    yield c
+    await c.close()

@@ -112,6 +112,32 @@ class Client:
             await self.pchannel.close()
 
 
+class Cluster:
+    """Prefill and decode servers started per test (configs differ per test), and clients;
+    close() stops them all."""
+
+    def __init__(self) -> None:
+        self.servers, self.clients = [], []
+
+    async def prefill(self, model, transport, **kw) -> PrefillServer:
+        self.servers.append(await start_prefill(model, transport, **kw))
+        return self.servers[-1]
+
+    async def decode(self, model, transport, address, **kw) -> DecodeServer:
+        self.servers.append(await start_decode(model, transport, address, **kw))
+        return self.servers[-1]
+
+    def client(self, decode, prefill=None) -> Client:
+        self.clients.append(Client(decode.address, prefill.address if prefill else None))
+        return self.clients[-1]
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+        for s in reversed(self.servers):
+            await s.stop(drain_s=0)
+
+
 async def pools_whole(*servers, timeout: float = 10.0) -> None:
     """Wait until every server's KV pool has all blocks free and no request is held."""
     deadline = asyncio.get_running_loop().time() + timeout

@@ -16,13 +16,10 @@ from decode_service.remote_prefill import RemotePrefill
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc, transfer_pb2
 from tests.reference import hf_greedy
 from tests.services.helpers import (
-    Client,
     collect,
     engine_config,
     pools_whole,
     request,
-    start_decode,
-    start_prefill,
 )
 
 
@@ -33,38 +30,6 @@ def prompt_of(n: int, seed: int) -> list[int]:
 
 def sample(server, name: str, **labels) -> float:
     return server.metrics.registry.get_sample_value(name, labels or None) or 0.0
-
-
-class Cluster:
-    """A prefill + decode pair started per test (configs differ per test)."""
-
-    def __init__(self) -> None:
-        self.servers, self.clients = [], []
-
-    async def prefill(self, model, transport, **kw):
-        self.servers.append(await start_prefill(model, transport, **kw))
-        return self.servers[-1]
-
-    async def decode(self, model, transport, address, **kw):
-        self.servers.append(await start_decode(model, transport, address, **kw))
-        return self.servers[-1]
-
-    def client(self, decode, prefill=None) -> Client:
-        self.clients.append(Client(decode.address, prefill.address if prefill else None))
-        return self.clients[-1]
-
-    async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
-        for s in reversed(self.servers):
-            await s.stop(drain_s=0)
-
-
-@pytest.fixture
-async def cluster():
-    c = Cluster()
-    yield c
-    await c.close()
 
 
 class SilentPrefill(prefill_pb2_grpc.PrefillServiceServicer):
