@@ -119,7 +119,8 @@ class Routes:
                    parse_tools: bool = False):
         """Template/tokenize each prompt, check, dispatch; stream or collect the answer."""
         require_model(body.model, self.model_names)
-        ignored = ignored_fields(body, stream_options=body.stream_options)
+        ignored = sorted(ignored_fields(body, stream_options=body.stream_options)
+                         + body.unenforced_fields)
         self.ignored.note(request.url.path, ignored)
         headers = ignored_header(ignored)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"

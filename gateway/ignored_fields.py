@@ -7,7 +7,9 @@ So, per request:
      `ignored_fields(body)` names them, and the unknown parts of `stream_options` as
      `stream_options.<part>`;
   2. a null value is not listed (null means unset), nor a field of KNOWN_HARMLESS (it cannot
-     change the output), nor a field of IGNORED_AT_DEFAULT sent with that default;
+     change the output), nor a field of IGNORED_AT_DEFAULT sent with that default; a known
+     field whose value asks for more than the gateway does (`tool_choice: "required"`) is
+     added by the request model (`unenforced_fields`);
   3. `IgnoredFieldLog.note` logs each new name once per process (WARNING, with the endpoint);
   4. `ignored_header(names)` is the `X-Baton-Ignored-Fields: a,b` header of the response,
      streaming or not.

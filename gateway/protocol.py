@@ -101,6 +101,12 @@ class _Generation(Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def unenforced_fields(self) -> list[str]:
+        """Known fields whose value asks for more than the gateway does (named like ignored
+        fields, gateway/ignored_fields.py)."""
+        return []
+
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage]
@@ -125,6 +131,13 @@ class ChatCompletionRequest(_Generation):
     @property
     def parse_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def unenforced_fields(self) -> list[str]:
+        # "required" or one named function would need constrained decoding: the model is
+        # offered the tools and may call one, or not.
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+        return ["tool_choice"] if forced else []
 
 
 class CompletionRequest(_Generation):

@@ -194,6 +194,15 @@ async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, cap
     assert r.headers[HEADER] == "bar"
 
 
+async def test_tool_choice_that_is_not_enforced_is_named(gateway):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for choice, header in (("auto", None), ("none", None), ("required", "tool_choice"),
+                           ({"type": "function", "function": {"name": "f"}}, "tool_choice")):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "tools": tools,
+                                                          "tool_choice": choice, "zz": 1})
+        assert r.headers[HEADER] == ",".join(filter(None, [header, "zz"])), choice
+
+
 def test_ignored_header_keeps_client_names_out_of_harms_way():
     assert ignored_header([]) == {}
     assert ignored_header(["a", "b\r\nSet-Cookie: x", "c,d"]) == {HEADER: "a,..."}
