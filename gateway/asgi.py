@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 ARRIVAL_KEY = "baton.arrival"
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-              "/metrics/workers"}
+              "/metrics/workers", "/tokenize", "/detokenize", "/version"}
 
 
 class BodyTooLarge(HTTPException):
@@ -127,12 +127,15 @@ async def until_disconnect(receive, work: Awaitable):
 
 class SSEResponse(StreamingResponse):
     """text/event-stream of `events`; `closers` are async generators closed at the end, in
-    order (outermost first); `on_disconnect` runs when the client left before the end."""
+    order (outermost first); `on_disconnect` runs when the client left before the end;
+    `headers` are added to the response's."""
 
     def __init__(self, events: AsyncIterator[bytes], closers: list,
-                 on_disconnect: Callable[[], None] = lambda: None) -> None:
+                 on_disconnect: Callable[[], None] = lambda: None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                  **(headers or {})})
         self._closers = closers
         self._on_disconnect = on_disconnect
         self._completed = False

@@ -64,3 +64,11 @@ def status_phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Error"
+
+
+def require_model(model: str | None, served: set[str]) -> None:
+    """GatewayError 404 (OpenAI's model_not_found) unless `model` names the served model;
+    None (allowed by /tokenize and /detokenize) means the served model."""
+    if model is not None and model not in served:
+        raise GatewayError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")

@@ -20,7 +20,7 @@ import uuid
 
 import grpc
 
-from baton.sampling_params import SamplingParams
+from baton.worker.wire import sampling_params_from_proto
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError
@@ -45,7 +45,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ids = await asyncio.to_thread(self._prompt_ids, request) \
                 if request.ByteSize() > 16_384 else self._prompt_ids(request)
             params = checked_params(request.sampling_params, len(ids),
-                                    self._prompts.max_model_len)
+                                    self._prompts.max_model_len, self._prompts.vocab_size)
         except (PromptError, ValueError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         meta = {k: v for k, v in (context.invocation_metadata() or ())
@@ -76,21 +76,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         raise PromptError("a prompt is required (text, token_ids or chat)")
 
 
-def checked_params(p: common_pb2.SamplingParams, prompt_len: int,
-                   max_model_len: int) -> common_pb2.SamplingParams:
-    """Validate with baton's SamplingParams (ValueError) and fill max_tokens from the room left."""
+def checked_params(p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,
+                   vocab_size: int) -> common_pb2.SamplingParams:
+    """Validate as the workers will (baton/worker/wire.py; ValueError), check logit_bias ids
+    against the vocabulary, and fill max_tokens from the room left."""
     room = max_model_len - prompt_len
     if room < 1 or (p.HasField("max_tokens") and p.max_tokens > room):
         raise ValueError(f"This model's maximum context length is {max_model_len} tokens; "
                          f"the prompt has {prompt_len}"
                          + (f" and max_tokens is {p.max_tokens}" if p.HasField("max_tokens")
                             else ""))
-    SamplingParams(
-        n=max(1, p.n), temperature=p.temperature, top_p=p.top_p or 1.0, top_k=max(-1, p.top_k),
-        min_p=p.min_p, seed=p.seed if p.HasField("seed") else None,
-        max_tokens=p.max_tokens if p.HasField("max_tokens") else room,
-        min_tokens=p.min_tokens, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos, logprobs=p.logprobs if p.HasField("logprobs") else None)
+    sampling_params_from_proto(p, max_tokens=p.max_tokens if p.HasField("max_tokens") else room)
+    bad = next((b.token_id for b in p.logit_bias if not 0 <= b.token_id < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab_size})")
     out = common_pb2.SamplingParams()
     out.CopyFrom(p)
     if not out.HasField("max_tokens"):

@@ -3,8 +3,10 @@
 A request's life here:
   1. `Guard` (gateway/asgi.py): API key, body size, arrival time.
   2. FastAPI + pydantic parse the body (bad JSON / types → 400 in OpenAI's error shape).
-  3. model check (404), template + tokenize (gateway/prompts.py), context check (400),
-     SamplingParams (gateway/protocol.py) → a `TokenizedRequest`.
+  3. model check (404); unknown fields logged and named in a header (gateway/ignored_fields.py);
+     template + tokenize (gateway/prompts.py), context check (400), SamplingParams
+     (gateway/protocol.py) → a `TokenizedRequest` per prompt (several prompts in
+     /v1/completions run as separate requests merged into one answer: gateway/batch.py).
   4. `Dispatcher.stream(job)` routes and relays the decode worker's messages. For a stream the
      first message is awaited before answering, so routing failures still get a real status
      (429/503/504 with Retry-After); after that, failures are SSE error events.
@@ -12,7 +14,7 @@ A request's life here:
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import time
 import uuid
@@ -24,11 +26,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disconnect
+from gateway.batch import merge_streams, prompt_list
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
-from gateway.errors import GatewayError, error_body, status_phrase
+from gateway.errors import GatewayError, error_body, require_model, status_phrase
+from gateway.ignored_fields import IgnoredFieldLog, ignored_fields, ignored_header
 from gateway.metrics import GatewayMetrics
-from gateway.prompts import PromptBuilder, PromptError
+from gateway.prompts import PromptBuilder, PromptError, off_loop_if_large
 from gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,38 +41,39 @@ from gateway.protocol import (
 )
 from gateway.responses import OutputSpec, collect, sse_events
 from gateway.sessions import session_keys
+from gateway.tokenize_api import TokenizeRoutes
 from gateway.worker_metrics import Target, metrics_url, scrape
 from gateway.workers import DECODE, PREFILL, WorkerPool
-
-# Prompts longer than this (characters) are templated and tokenized on a thread, so one huge
-# agent context does not stall every other stream on the event loop.
-_THREAD_TOKENIZE_CHARS = 16_384
 
 
 def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
                pool: WorkerPool, metrics: GatewayMetrics) -> FastAPI:
+    """The gateway's FastAPI app: the OpenAI routes, vLLM's /tokenize family, health, metrics."""
     app = FastAPI(title="Baton gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=metrics)
     _add_error_handlers(app)
-    routes = Routes(config, prompts, dispatcher, pool, metrics)
+    ignored = IgnoredFieldLog()
+    routes = Routes(config, prompts, dispatcher, pool, metrics, ignored)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
     app.add_api_route("/metrics/workers", routes.worker_metrics_text, methods=["GET"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    TokenizeRoutes(prompts, routes.model_names, ignored).add_to(app)
     return app
 
 
 class Routes:
     def __init__(self, config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-                 pool: WorkerPool, metrics: GatewayMetrics) -> None:
+                 pool: WorkerPool, metrics: GatewayMetrics, ignored: IgnoredFieldLog) -> None:
         self.config = config
         self.prompts = prompts
         self.dispatcher = dispatcher
         self.pool = pool
         self.metrics = metrics
+        self.ignored = ignored
         self.started = int(time.time())
         self.model_names = {config.served_model_name, config.model}
 
@@ -104,44 +109,41 @@ class Routes:
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 1024
                    for m in messages)
-        return await self._run(request, body, "chat", lambda: self.prompts.chat_token_ids(
-            messages, tools, body.add_generation_prompt), size, body.parse_tool_calls)
+        return await self._run(request, body, "chat", [lambda: self.prompts.chat_token_ids(
+            messages, tools, body.add_generation_prompt)], size, body.parse_tool_calls)
 
     async def completions(self, body: CompletionRequest, request: Request):
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise GatewayError(400, "batched prompts are not supported; send one prompt "
-                                   "per request", param="prompt", code="invalid_request")
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return await self._run(request, body, "completion",
-                                   lambda: self.prompts.text_token_ids(prompt), len(prompt))
-        return await self._run(request, body, "completion",
-                               lambda: self.prompts.check_token_ids(list(prompt)), 0)
-
-    async def _run(self, request: Request, body, kind: str, ids_fn, size: int,
-                   parse_tools: bool = False):
-        """Template/tokenize, check, dispatch; stream or collect the answer."""
-        arrival = request.scope.get(ARRIVAL_KEY, time.monotonic())
-        if body.model not in self.model_names:
-            raise GatewayError(404, f"The model `{body.model}` does not exist.", param="model",
-                               code="model_not_found")
-        max_len = self.prompts.max_model_len
         try:
-            ids = await asyncio.to_thread(ids_fn) if size > _THREAD_TOKENIZE_CHARS else ids_fn()
-            params = to_sampling_params(body, body.num_logprobs, len(ids), max_len)
-        except (PromptError, RequestError) as e:
+            prompts = prompt_list(body.prompt)
+        except RequestError as e:
             raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
+        size = sum(len(p) for p in prompts if isinstance(p, str))
+        return await self._run(request, body, "completion",
+                               [functools.partial(self._completion_ids, p) for p in prompts],
+                               size)
+
+    def _completion_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.prompts.text_token_ids(prompt)
+        return self.prompts.check_token_ids(list(prompt))
+
+    async def _run(self, request: Request, body, kind: str, ids_fns: list, size: int,
+                   parse_tools: bool = False):
+        """Template/tokenize each prompt, check, dispatch; stream or collect the answer."""
+        require_model(body.model, self.model_names)
+        ignored = sorted(ignored_fields(body, stream_options=body.stream_options)
+                         + body.unenforced_fields)
+        self.ignored.note(request.url.path, ignored)
+        headers = ignored_header(ignored)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        session = session_keys(request.headers.get, body.user)
-        spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n, len(ids),
-                          body.num_logprobs, parse_tools, body.include_usage)
-        messages = self.dispatcher.stream(
-            TokenizedRequest(rid, ids, params, session.session_id, arrival,
-                             session.parent_session_id))
+        jobs = await off_loop_if_large(size, self._jobs, request, body, rid, ids_fns)
+        spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n,
+                          sum(len(j.prompt_token_ids) for j in jobs), body.num_logprobs,
+                          parse_tools, body.include_usage, num_prompts=len(jobs))
+        messages = self.dispatcher.stream(jobs[0]) if len(jobs) == 1 else merge_streams(
+            [self.dispatcher.stream(j) for j in jobs], body.n)
         if body.stream:
-            return await _stream(request, spec, messages, self.prompts, self.metrics)
+            return await _stream(request, spec, messages, self.prompts, self.metrics, headers)
         try:
             result = await until_disconnect(request.receive,
                                             collect(spec, messages, self.prompts.token_text))
@@ -150,11 +152,30 @@ class Routes:
             return Response(status_code=499)
         finally:
             await messages.aclose()
-        return JSONResponse(result)
+        return JSONResponse(result, headers=headers)
+
+    def _jobs(self, request: Request, body, rid: str, ids_fns: list) -> list[TokenizedRequest]:
+        """One TokenizedRequest per prompt (GatewayError 400 naming the prompt and field)."""
+        arrival = request.scope.get(ARRIVAL_KEY, time.monotonic())
+        session = session_keys(request.headers.get, body.user)
+        jobs = []
+        for i, ids_fn in enumerate(ids_fns):
+            try:
+                ids = ids_fn()
+                params = to_sampling_params(body, body.num_logprobs, len(ids),
+                                            self.prompts.max_model_len, self.prompts.vocab_size)
+            except (PromptError, RequestError) as e:
+                where = f"prompt {i}: " if len(ids_fns) > 1 else ""
+                raise GatewayError(400, where + str(e), param=e.param,
+                                   code="invalid_request") from e
+            jobs.append(TokenizedRequest(rid if len(ids_fns) == 1 else f"{rid}-{i}", ids,
+                                         params, session.session_id, arrival,
+                                         session.parent_session_id))
+        return jobs
 
 
 async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
-                  prompts: PromptBuilder, metrics: GatewayMetrics):
+                  prompts: PromptBuilder, metrics: GatewayMetrics, headers: dict[str, str]):
     """SSE of the request's messages. The first message is awaited before any byte is sent
     (routing errors become a plain HTTP error), watching the connection meanwhile: a client
     that leaves before its first token aborts the chain (decode, and prefill from there)
@@ -178,7 +199,7 @@ async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
     sse = sse_events(spec, relayed, prompts.token_text)
     events = _count_stream_errors(sse, metrics)
     return SSEResponse(events, closers=[events, sse, relayed, messages],
-                       on_disconnect=metrics.disconnects.inc)
+                       on_disconnect=metrics.disconnects.inc, headers=headers)
 
 
 async def _count_stream_errors(events: AsyncIterator[bytes], metrics: GatewayMetrics):

@@ -10,12 +10,20 @@ Tools go to `apply_chat_template(tools=...)`; a template that ignores them is fi
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.piece_cache import PieceTokenizer
+
+T = TypeVar("T")
+
+# Inputs longer than this (characters, or ids) are templated and tokenized on a thread, so
+# one huge agent context does not stall every other stream on the event loop.
+THREAD_CHARS = 16_384
 
 
 class PromptError(ValueError):
@@ -53,7 +61,8 @@ class PromptBuilder:
 
     def chat_token_ids(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None,
-                       add_generation_prompt: bool = True) -> list[int]:
+                       add_generation_prompt: bool = True,
+                       add_special_tokens: bool = False) -> list[int]:
         """Render normalized messages through the chat template and tokenize."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
@@ -68,24 +77,44 @@ class PromptBuilder:
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault
             raise PromptError(f"chat template failed: {e}", "messages") from e
-        return self.encoder.encode(text, add_special_tokens=False)
+        return self.encoder.encode(text, add_special_tokens=add_special_tokens)
 
     def text_token_ids(self, text: str) -> list[int]:
+        """A completion prompt's token ids (PromptError when empty)."""
         if not text:
             raise PromptError("prompt must not be empty", "prompt")
-        return self.encoder.encode(text, add_special_tokens=True)
+        return self.tokenize(text)
 
-    def check_token_ids(self, ids: list[int]) -> list[int]:
-        if not ids:
-            raise PromptError("prompt must not be empty", "prompt")
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of any text, "" included (BOS and the like when add_special_tokens)."""
+        return self.encoder.encode(text, add_special_tokens=add_special_tokens)
+
+    def check_token_ids(self, ids: list[int], param: str = "prompt",
+                        allow_empty: bool = False) -> list[int]:
+        """`ids` when every one is in the vocabulary (PromptError naming `param` otherwise)."""
+        if not ids and not allow_empty:
+            raise PromptError(f"{param} must not be empty", param)
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise PromptError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
-                              "prompt")
+                              param)
         return ids
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        """The vocabulary's own strings of `ids` (e.g. "Ġworld"), as vLLM's /tokenize shows."""
+        return self.tokenizer.convert_ids_to_tokens(ids)
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of `ids`, special tokens included (PromptError for an unknown id)."""
+        return self.tokenizer.decode(self.check_token_ids(ids, "tokens", allow_empty=True))
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+async def off_loop_if_large(size: int, fn: Callable[..., T], *args) -> T:
+    """fn(*args), on a thread when `size` (characters or ids) exceeds THREAD_CHARS."""
+    return await asyncio.to_thread(fn, *args) if size > THREAD_CHARS else fn(*args)
 
 
 def message_text(content: Any) -> str:

@@ -1,9 +1,11 @@
 """OpenAI request bodies (pydantic) and their mapping onto the workers' SamplingParams.
 
-Unknown fields are ignored (clients send many); known fields are type- and range-checked,
-so a bad value is a 400 naming the field. vLLM's extensions `top_k`, `min_p`, `ignore_eos`,
-`min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens` are
-accepted too.
+Unknown top-level fields are accepted and named in a response header
+(gateway/ignored_fields.py); known fields are type- and range-checked, so a bad value is a 400
+naming the field. vLLM's extensions `top_k`, `min_p`, `ignore_eos`, `min_tokens`,
+`stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens` are accepted too, as
+are the penalties (`presence_penalty`, `frequency_penalty`, vLLM's `repetition_penalty`) and
+`logit_bias`, which the workers apply.
 """
 from __future__ import annotations
 
@@ -59,11 +61,17 @@ class Tool(_Body):
     function: FunctionDefinition
 
 
-class StreamOptions(_Body):
+class Request(_Body):
+    """A top-level body: unknown fields are kept, to be named (gateway/ignored_fields.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(Request):
     include_usage: bool = False
 
 
-class _Generation(_Body):
+class _Generation(Request):
     """Fields both endpoints share."""
 
     model: str
@@ -83,10 +91,21 @@ class _Generation(_Body):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    # OpenAI's shape: token ids as JSON object keys (strings); checked in logit_bias_ids.
+    logit_bias: dict[str, float] | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def unenforced_fields(self) -> list[str]:
+        """Known fields whose value asks for more than the gateway does (named like ignored
+        fields, gateway/ignored_fields.py)."""
+        return []
 
 
 class ChatCompletionRequest(_Generation):
@@ -113,6 +132,13 @@ class ChatCompletionRequest(_Generation):
     def parse_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def unenforced_fields(self) -> list[str]:
+        # "required" or one named function would need constrained decoding: the model is
+        # offered the tools and may call one, or not.
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+        return ["tool_choice"] if forced else []
+
 
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -134,8 +160,28 @@ class RequestError(ValueError):
         self.param = param
 
 
+def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> list[tuple[int, float]]:
+    """OpenAI's logit_bias {"token id": value} → (id, value) pairs, ids in order; RequestError
+    for a key that is not a token id of the vocabulary or a value outside [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        token_id = int(key)
+        if not 0 <= token_id < vocab_size:
+            raise RequestError(f"logit_bias token id {token_id} is outside the vocabulary "
+                               f"[0, {vocab_size})", "logit_bias")
+        if token_id in out:
+            raise RequestError(f"logit_bias lists token id {token_id} twice", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise RequestError(f"logit_bias values must be in [-100, 100], got {value}",
+                               "logit_bias")
+        out[token_id] = value
+    return sorted(out.items())
+
+
 def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: int,
-                       max_model_len: int) -> common_pb2.SamplingParams:
+                       max_model_len: int, vocab_size: int) -> common_pb2.SamplingParams:
     """Request → proto SamplingParams; RequestError when the prompt and max_tokens do not fit."""
     room = max_model_len - prompt_len
     requested = body.requested_max_tokens
@@ -150,6 +196,11 @@ def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: 
     if body.min_tokens > max_tokens:
         raise RequestError("min_tokens must be <= max_tokens", "min_tokens")
     params = common_pb2.SamplingParams(
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        logit_bias=[common_pb2.TokenBias(token_id=t, bias=b)
+                    for t, b in logit_bias_ids(body.logit_bias, vocab_size)],
         n=body.n,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=body.top_p or 1.0, top_k=body.top_k or 0, min_p=body.min_p or 0.0,

@@ -24,7 +24,9 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """How to present one request's output. kind: "chat" or "completion"."""
+    """How to present one request's output. kind: "chat" or "completion". A request with
+    several prompts (gateway/batch.py) has n choices per prompt, choice index
+    prompt_i * n + j, and prompt_len the sum of the prompts' lengths."""
 
     kind: str
     response_id: str
@@ -35,10 +37,15 @@ class OutputSpec:
     num_logprobs: int | None = None
     parse_tools: bool = False
     include_usage: bool = False
+    num_prompts: int = 1
 
     @property
     def chat(self) -> bool:
         return self.kind == "chat"
+
+    @property
+    def num_choices(self) -> int:
+        return self.n * self.num_prompts
 
 
 class _Choice:
@@ -71,12 +78,15 @@ def finished_error(f) -> GatewayError | None:
                         code="worker_error")
 
 
-def usage_dict(spec: OutputSpec, usage: common_pb2.Usage | None, counted: int) -> dict:
-    prompt = usage.prompt_tokens if usage and usage.prompt_tokens else spec.prompt_len
-    completion = usage.completion_tokens if usage and usage.completion_tokens else counted
+def usage_dict(spec: OutputSpec, usages: dict[int, common_pb2.Usage], counted: int) -> dict:
+    """OpenAI usage summed over the prompts' latest `usages` (prompt index → Usage); counts
+    the workers left at 0 fall back to the gateway's own (prompt lengths, tokens relayed)."""
+    prompt = sum(u.prompt_tokens for u in usages.values()) or spec.prompt_len
+    completion = sum(u.completion_tokens for u in usages.values()) or counted
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens if usage else 0}}
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens
+                                                           for u in usages.values())}}
 
 
 def logprobs_dict(spec: OutputSpec, lps, token_text: TokenText, offset: int = 0) -> dict:
@@ -103,8 +113,8 @@ def _chat_entry(lp, token_text: TokenText) -> dict:
 # ---- one JSON body ---------------------------------------------------------------------------
 async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenText) -> dict:
     """Drain the stream into a chat.completion / text_completion body (GatewayError on failure)."""
-    choices = [_Choice(i, spec.parse_tools) for i in range(spec.n)]
-    usage = None
+    choices = [_Choice(i, spec.parse_tools) for i in range(spec.num_choices)]
+    usages: dict[int, common_pb2.Usage] = {}
     async for msg in messages:
         if msg.WhichOneof("kind") == "tokens":
             c = choices[msg.tokens.index]
@@ -121,12 +131,12 @@ async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenTe
             tail, more = c.parser.finish()
             c.text, c.tool_calls = [content + tail], calls + more
         c.finish(f)
-        usage = f.usage
+        usages[f.index // spec.n] = f.usage
     counted = sum(c.num_tokens for c in choices)
     return {"id": spec.response_id, "object": "chat.completion" if spec.chat else "text_completion",
             "created": spec.created, "model": spec.model,
             "choices": [_final_choice(spec, c, token_text) for c in choices],
-            "usage": usage_dict(spec, usage, counted)}
+            "usage": usage_dict(spec, usages, counted)}
 
 
 def _final_choice(spec: OutputSpec, c: _Choice, token_text: TokenText) -> dict:
@@ -149,12 +159,13 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
                      token_text: TokenText) -> AsyncIterator[bytes]:
     """The stream as SSE `data:` lines ending in `data: [DONE]`; an error becomes a
     `data: {"error": ...}` event and the stream ends."""
-    choices = [_Choice(i, spec.parse_tools) for i in range(spec.n)]
+    choices = [_Choice(i, spec.parse_tools) for i in range(spec.num_choices)]
     chunk = _ChunkWriter(spec)
     if spec.chat:  # the role chunk goes out with the first token, in one write
         chunk.pending = chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": None, "finish_reason": None} for c in choices])
-    usage, left = None, spec.n
+    usages: dict[int, common_pb2.Usage] = {}
+    left = spec.num_choices
     async for msg in messages:
         if msg.WhichOneof("kind") == "tokens":
             t = msg.tokens
@@ -181,11 +192,12 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
         c.tool_calls += calls
         c.finish(f)
         yield chunk([_delta(spec, c, text, calls, base, None, c.finish_reason)])
-        usage, left = f.usage, left - 1
+        usages[f.index // spec.n] = f.usage
+        left -= 1
         if left == 0:
             break
     if spec.include_usage:
-        yield chunk([], usage_dict(spec, usage, sum(c.num_tokens for c in choices)))
+        yield chunk([], usage_dict(spec, usages, sum(c.num_tokens for c in choices)))
     yield DONE
 
 

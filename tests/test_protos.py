@@ -123,3 +123,40 @@ def test_token_logprobs_round_trip_keeps_rank_and_top():
     p = logprob_to_proto(lp)
     assert [t.token_id for t in p.top] == [3, 7]  # most likely first
     assert logprob_from_proto(p) == lp
+
+
+@pytest.mark.parametrize("params", [
+    dict(),
+    dict(max_tokens=None, seed=None, logprobs=None, skip_special_tokens=True),
+    dict(n=3, temperature=0.5, top_p=0.75, top_k=40, min_p=0.125, seed=2**64 - 1,
+         max_tokens=9, min_tokens=2, stop=["\n", "END"], stop_token_ids=[2, 7],
+         ignore_eos=True, logprobs=0, include_stop_str_in_output=True,
+         skip_special_tokens=False, presence_penalty=-1.5, frequency_penalty=2.0,
+         repetition_penalty=1.25, logit_bias={50_000: -100.0, 3: 0.5, 0: 100.0}),
+])
+def test_sampling_params_round_trip_is_exact(params):
+    from baton.sampling_params import SamplingParams
+    from baton.worker.wire import sampling_params_from_proto, sampling_params_to_proto
+    from protos import common_pb2
+
+    sp = SamplingParams(**params)
+    wire = common_pb2.SamplingParams.FromString(sampling_params_to_proto(sp).SerializeToString())
+    assert sampling_params_from_proto(wire) == sp
+
+
+def test_sampling_params_proto_zero_values_read_as_off():
+    from baton.worker.wire import sampling_params_from_proto
+    from protos import common_pb2
+
+    sp = sampling_params_from_proto(common_pb2.SamplingParams())
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty,
+            sp.logit_bias) == (0.0, 0.0, 1.0, {})
+    assert not sp.has_penalties
+    with pytest.raises(ValueError, match="logit_bias"):
+        sampling_params_from_proto(common_pb2.SamplingParams(
+            logit_bias=[common_pb2.TokenBias(token_id=5, bias=101.0)]))
+    twice = [common_pb2.TokenBias(token_id=5, bias=1.0)] * 2
+    with pytest.raises(ValueError, match="twice"):
+        sampling_params_from_proto(common_pb2.SamplingParams(logit_bias=twice))
+    with pytest.raises(ValueError, match="presence_penalty"):
+        sampling_params_from_proto(common_pb2.SamplingParams(presence_penalty=2.5))

@@ -47,6 +47,10 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams, **overrides) -> Sam
         logprobs=p.logprobs if p.HasField("logprobs") else None,
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens if p.HasField("skip_special_tokens") else True,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        logit_bias=_logit_bias_from_proto(p.logit_bias),
     )
     fields.update(overrides)
     return SamplingParams(**fields)
@@ -59,7 +63,10 @@ def sampling_params_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
         min_p=sp.min_p, min_tokens=sp.min_tokens, stop=sp.stop,
         stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
         include_stop_str_in_output=sp.include_stop_str_in_output,
-        skip_special_tokens=sp.skip_special_tokens)
+        skip_special_tokens=sp.skip_special_tokens, presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty, repetition_penalty=sp.repetition_penalty,
+        logit_bias=[common_pb2.TokenBias(token_id=t, bias=b)
+                    for t, b in sp.logit_bias.items()])
     if sp.seed is not None:
         p.seed = sp.seed % _U64
     if sp.max_tokens is not None:
@@ -67,6 +74,15 @@ def sampling_params_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
     if sp.logprobs is not None:
         p.logprobs = sp.logprobs
     return p
+
+
+def _logit_bias_from_proto(entries) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for e in entries:
+        if e.token_id in out:
+            raise ValueError(f"logit_bias lists token id {e.token_id} twice")
+        out[e.token_id] = e.bias
+    return out
 
 
 def seed_for_index(seed: int | None, index: int) -> int | None:

@@ -60,12 +60,33 @@ async def test_chat_and_token_prompts(stub, prompts, fake):
     (dict(text="x", sampling_params=common_pb2.SamplingParams(temperature=-1)),
      grpc.StatusCode.INVALID_ARGUMENT),
     (dict(chat=gateway_pb2.ChatPrompt()), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(presence_penalty=2.5)),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(
+        logit_bias=[common_pb2.TokenBias(token_id=10 ** 6, bias=1.0)])),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(
+        logit_bias=[common_pb2.TokenBias(token_id=5, bias=-101.0)])),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 async def test_bad_requests(stub, request_kwargs, code):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await collect(stub, gateway_pb2.GatewayGenerateRequest(**request_kwargs))
     assert e.value.code() == code
     assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4
+
+
+async def test_penalties_and_logit_bias_reach_the_worker(stub, fake):
+    bias = [common_pb2.TokenBias(token_id=7, bias=-100.0), common_pb2.TokenBias(token_id=3,
+                                                                             bias=2.5)]
+    await collect(stub, gateway_pb2.GatewayGenerateRequest(
+        text="x", sampling_params=common_pb2.SamplingParams(
+            presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
+            logit_bias=bias)))
+    sp = fake.servicer.requests[-1].sampling_params
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == \
+        (0.5, -1.0, 1.25)
+    assert [(b.token_id, b.bias) for b in sp.logit_bias] == [(7, -100.0), (3, 2.5)]
 
 
 async def test_cancel_reaches_the_decode_worker(stub, fake):

@@ -86,3 +86,18 @@ async def test_wrong_key_is_authentication_error(prompts, fake):
                                       max_retries=0) as c:
             with pytest.raises(openai.AuthenticationError):
                 await c.models.list()
+
+
+async def test_prompt_list_penalties_and_ignored_fields_header(client, fake):
+    raw = await client.completions.with_raw_response.create(
+        model=MODEL, prompt=["hi", "there"], n=2, max_tokens=5, presence_penalty=0.5,
+        frequency_penalty=0.25, logit_bias={"5": -100}, best_of=3,
+        extra_body={"repetition_penalty": 1.1})
+    c = raw.parse()
+    assert [ch.index for ch in c.choices] == [0, 1, 2, 3]
+    assert c.usage.completion_tokens == 12
+    assert raw.headers["x-baton-ignored-fields"] == "best_of"
+    sp = fake.servicer.requests[-1].sampling_params
+    assert (sp.presence_penalty, sp.frequency_penalty) == (0.5, 0.25)
+    assert sp.repetition_penalty == pytest.approx(1.1)
+    assert [(b.token_id, b.bias) for b in sp.logit_bias] == [(5, -100.0)]

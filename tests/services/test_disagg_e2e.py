@@ -96,6 +96,25 @@ async def test_n2_seeded_sampling_and_logprobs_match_colocated(whole, colocated)
     assert [lp.logprob for lp in lps] == pytest.approx(want, abs=1e-4)
 
 
+async def test_penalties_and_logit_bias_apply_on_prefill_and_decode(whole, colocated):
+    """They cross the wire (baton/worker/wire.py) to both roles: the remote prefill samples
+    the first token, decode the rest, and both match the colocated engine."""
+    _, _, client = whole
+    # fresh prompts above --min-remote-tokens: the first token is the prefill worker's
+    biased = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                            logit_bias={42: 100.0})
+    res = await client.generate(prompt_of(37, seed=5), biased)
+    assert res.fin.timings.remote_prefill and res.output == [42] * 6
+    prompt = prompt_of(37, seed=6)
+    penalized = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                               presence_penalty=1.5, frequency_penalty=1.0,
+                               repetition_penalty=1.3, logit_bias={7: 3.0, 11: -100.0})
+    res = await client.generate(prompt, penalized)
+    assert res.fin.timings.remote_prefill
+    assert res.output == colocated.generate([prompt], penalized)[0].output_token_ids
+    assert res.output != (await client.generate(prompt, GREEDY)).output
+
+
 async def test_prefill_modes(whole, model):
     prefill, _, client = whole
     short, long = prompt_of(12, seed=5), prompt_of(40, seed=6)

@@ -1,0 +1,130 @@
+"""vLLM's utility endpoints: /tokenize, /detokenize and /version, with vLLM's field names.
+
+    POST /tokenize    {model?, prompt, add_special_tokens? (true), return_token_strs?}
+                   or {model?, messages, tools?, add_generation_prompt? (true),
+                       add_special_tokens? (false), return_token_strs?}
+                   → {"count", "max_model_len", "tokens"} (+ "token_strs" when asked)
+    POST /detokenize  {model?, tokens} → {"prompt"}
+    GET  /version     → {"version"} (+ "commit" when the gateway runs from a git checkout)
+
+The chat form renders the messages through the chat template exactly as
+/v1/chat/completions does, so its count is the prompt_tokens a chat request would be billed.
+An unknown model is a 404, an id outside the vocabulary a 400 naming `tokens`. Nothing here
+reaches a worker.
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import model_validator
+
+import baton
+from gateway.errors import GatewayError, require_model
+from gateway.ignored_fields import IgnoredFieldLog, ignored_fields, ignored_header
+from gateway.prompts import PromptBuilder, PromptError, off_loop_if_large
+from gateway.protocol import ChatMessage, Request as Body, Tool
+
+
+class TokenizeRequest(Body):
+    """vLLM's TokenizeCompletionRequest and TokenizeChatRequest in one body: exactly one of
+    `prompt` and `messages`. add_special_tokens unset: true for a prompt, false for messages
+    (the chat template writes the special tokens itself)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of `prompt` and `messages`")
+        return self
+
+
+class DetokenizeRequest(Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+class TokenizeRoutes:
+    """The three endpoints over the served model's PromptBuilder."""
+
+    def __init__(self, prompts: PromptBuilder, model_names: set[str],
+                 ignored: IgnoredFieldLog) -> None:
+        self.prompts = prompts
+        self.model_names = model_names
+        self.ignored = ignored
+        self.version = {"version": baton.__version__}
+        if (commit := source_commit()) is not None:
+            self.version["commit"] = commit
+
+    def add_to(self, app: FastAPI) -> None:
+        """Register /tokenize, /detokenize and /version on `app`."""
+        app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
+        app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
+        app.add_api_route("/version", self.get_version, methods=["GET"])
+
+    async def tokenize(self, body: TokenizeRequest, request: Request) -> JSONResponse:
+        """Token ids of a prompt or of templated chat messages (see the module docstring)."""
+        require_model(body.model, self.model_names)
+        size = len(body.prompt) if body.prompt is not None else sum(
+            len(m.content) if isinstance(m.content, str) else 1024 for m in body.messages)
+        try:
+            ids = await off_loop_if_large(size, self._token_ids, body)
+        except PromptError as e:
+            raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
+        out: dict = {"count": len(ids), "max_model_len": self.prompts.max_model_len,
+                     "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = self.prompts.token_strs(ids)
+        return JSONResponse(out, headers=self._ignored(body, request))
+
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> JSONResponse:
+        """The text of some token ids, special tokens included."""
+        require_model(body.model, self.model_names)
+        try:
+            text = await off_loop_if_large(len(body.tokens), self.prompts.detokenize, body.tokens)
+        except PromptError as e:
+            raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
+        return JSONResponse({"prompt": text}, headers=self._ignored(body, request))
+
+    async def get_version(self) -> JSONResponse:
+        """Baton's version (and the source commit when known)."""
+        return JSONResponse(self.version)
+
+    def _token_ids(self, body: TokenizeRequest) -> list[int]:
+        if body.prompt is not None:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            return self.prompts.tokenize(body.prompt, special)
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        return self.prompts.chat_token_ids(messages, tools, body.add_generation_prompt,
+                                           bool(body.add_special_tokens))
+
+    def _ignored(self, body: Body, request: Request) -> dict[str, str]:
+        names = ignored_fields(body)
+        self.ignored.note(request.url.path, names)
+        return ignored_header(names)
+
+
+@functools.lru_cache(maxsize=1)
+def source_commit() -> str | None:
+    """The git commit the gateway's code was loaded from (short hash), or None when it does
+    not run from a git checkout (an installed package) or git is missing or slow."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=2, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,210 @@
+"""Issue 16 through the gateway and a fake decode worker: penalties and logit_bias reach the
+worker, lists of prompts in /v1/completions, /tokenize /detokenize /version, and ignored
+fields named in a header."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import httpx
+import pytest
+
+import baton
+from gateway.ignored_fields import HEADER, ignored_header
+from protos import common_pb2, decode_pb2, decode_pb2_grpc
+from tests.gateway.conftest import MODEL, Behavior, FakeWorker, running_gateway
+from tests.gateway.fake_decode import FakeDecode
+from tests.gateway.test_http_api import CHAT, post, sse_data
+
+
+# ---- penalties and logit_bias ------------------------------------------------------------
+async def test_penalties_and_logit_bias_reach_the_worker(gateway, fake):
+    fields = {"presence_penalty": 0.5, "frequency_penalty": -1.5, "repetition_penalty": 1.25,
+              "logit_bias": {"50": -100, "7": 2.5}}
+    for path, body in (("/v1/chat/completions", CHAT),
+                       ("/v1/completions", {"model": MODEL, "prompt": "x"})):
+        r = await post(gateway, path, {**body, **fields})
+        assert r.status_code == 200, r.text
+        sp = fake.servicer.requests[-1].sampling_params
+        assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == \
+            (0.5, -1.5, 1.25)
+        assert [(b.token_id, b.bias) for b in sp.logit_bias] == [(7, 2.5), (50, -100.0)]
+        assert HEADER not in r.headers
+
+
+async def test_unset_penalties_are_off(gateway, fake):
+    await post(gateway, "/v1/chat/completions", {**CHAT, "presence_penalty": None,
+                                                  "logit_bias": None})
+    sp = fake.servicer.requests[-1].sampling_params
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0, 0, 1)
+    assert not sp.logit_bias
+
+
+# ---- several prompts in /v1/completions --------------------------------------------------
+class PromptEcho(FakeDecode):
+    """Answers completion j of a prompt whose first id is p with the text "p/j"; after the
+    first chunk, a prompt waits p times the token delay, so prompts with smaller first ids
+    finish sooner."""
+
+    async def Generate(self, request, context):
+        self.requests.append(request)
+        first, n = request.prompt_token_ids[0], max(1, request.sampling_params.n)
+        try:
+            for j in range(n):
+                if j == 1:
+                    await asyncio.sleep(self.behavior.token_delay_s * first)
+                yield decode_pb2.GenerateResponse(tokens=decode_pb2.TokenChunk(
+                    index=j, token_ids=[first], text_delta=f"{first}/{j}"))
+            usage = common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
+                                     completion_tokens=n, cached_tokens=1)
+            for j in range(n):
+                yield decode_pb2.GenerateResponse(finished=decode_pb2.Finished(
+                    index=j, finish_reason=common_pb2.FINISH_REASON_STOP, usage=usage))
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+
+
+@pytest.fixture
+async def echo():
+    worker = await FakeWorker.serve(PromptEcho(Behavior(token_delay_s=0.05)),
+                                    decode_pb2_grpc.add_DecodeServiceServicer_to_server)
+    yield worker
+    await worker.stop(0)
+
+
+BATCH = {"model": MODEL, "prompt": [[3, 9], [2], [1, 1, 1]], "n": 2}
+TEXTS = ["3/0", "3/1", "2/0", "2/1", "1/0", "1/1"]  # prompt-major: index = prompt_i * n + j
+
+
+async def test_prompt_list_is_one_response_indexed_prompt_major(prompts, echo):
+    async with running_gateway(prompts, [echo]) as gw:
+        r = await post(gw, "/v1/completions", BATCH)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert [c["text"] for c in body["choices"]] == TEXTS
+    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 3}}
+    requests = echo.servicer.requests
+    assert sorted(r.request_id for r in requests) == [f"{body['id']}-{i}" for i in range(3)]
+    assert all(r.sampling_params.n == 2 for r in requests)
+
+
+async def test_prompt_list_of_strings_tokenizes_each(gateway, fake):
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ["The", "A cat"]})
+    assert [c["text"] for c in r.json()["choices"]] == ["Hello world!"] * 2
+    got = sorted(list(q.prompt_token_ids) for q in fake.servicer.requests)
+    want = sorted([gateway.prompts.text_token_ids("The"), gateway.prompts.text_token_ids(
+        "A cat")])
+    assert got == want
+
+
+async def test_prompt_list_streams_with_prompt_major_indexes(prompts, echo):
+    async with running_gateway(prompts, [echo]) as gw:
+        r = await post(gw, "/v1/completions", {**BATCH, "stream": True,
+                                                "stream_options": {"include_usage": True}})
+    chunks = sse_data(r.text)
+    texts = {c["choices"][0]["index"]: c["choices"][0]["text"] for c in chunks
+             if c["choices"] and c["choices"][0]["text"]}
+    assert [texts[i] for i in range(6)] == TEXTS
+    finished = [c["choices"][0]["index"] for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"] == "stop"]
+    assert sorted(finished) == list(range(6))
+    assert finished[0] >= 4  # the last prompt answers first, and is relayed as it comes
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 6
+    assert len({c["id"] for c in chunks}) == 1
+
+
+async def test_prompt_list_routing_failure_is_the_requests_error(prompts):
+    worker = await FakeWorker.start(Behavior(reject=grpc.StatusCode.RESOURCE_EXHAUSTED))
+    async with running_gateway(prompts, [worker]) as gw:
+        for stream in (False, True):
+            r = await post(gw, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"],
+                                                   "stream": stream})
+            assert r.status_code == 429 and "Retry-After" in r.headers
+        assert gw.dispatcher.inflight == 0
+    await worker.stop(0)
+
+
+async def test_client_leaving_a_prompt_list_cancels_every_prompt(prompts):
+    worker = await FakeWorker.start(Behavior(tokens=tuple((i, "x") for i in range(500)),
+                                             token_delay_s=0.01))
+    async with running_gateway(prompts, [worker]) as gw:
+        async with httpx.AsyncClient(base_url=gw.http_url, timeout=10) as c:
+            body = {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 400, "stream": True}
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                async for _ in r.aiter_bytes():
+                    break
+        for _ in range(200):
+            if len(worker.servicer.cancelled) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(worker.servicer.cancelled) == 2
+        assert gw.dispatcher.inflight == 0
+    await worker.stop(0)
+
+
+# ---- /tokenize, /detokenize, /version ---------------------------------------------------
+async def test_tokenize_prompt_and_chat_and_detokenize(gateway):
+    p = gateway.prompts
+    r = await post(gateway, "/tokenize", {"model": MODEL, "prompt": "Hello world",
+                                          "return_token_strs": True})
+    body = r.json()
+    assert body["tokens"] == p.tokenize("Hello world") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 1024
+    assert body["token_strs"] == p.tokenizer.convert_ids_to_tokens(body["tokens"])
+    r = await post(gateway, "/tokenize", {"prompt": "Hello world", "add_special_tokens": False})
+    assert r.json()["tokens"] == p.tokenize("Hello world", False)
+    assert "token_strs" not in r.json()
+    chat = (await post(gateway, "/tokenize", CHAT)).json()
+    assert chat["tokens"] == p.chat_token_ids([{"role": "user", "content": "Hi there"}])
+    no_prompt = (await post(gateway, "/tokenize", {**CHAT, "add_generation_prompt": False}))
+    assert no_prompt.json()["count"] < chat["count"]
+    r = await post(gateway, "/detokenize", {"model": MODEL, "tokens": chat["tokens"]})
+    assert r.json() == {"prompt": p.tokenizer.decode(chat["tokens"])}
+    assert (await post(gateway, "/detokenize", {"tokens": []})).json() == {"prompt": ""}
+
+
+async def test_version(gateway):
+    async with httpx.AsyncClient(base_url=gateway.http_url) as c:
+        body = (await c.get("/version")).json()
+    assert body["version"] == baton.__version__
+    assert set(body) <= {"version", "commit"}
+
+
+# ---- ignored fields ----------------------------------------------------------------------
+async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
+    body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},
+            "parallel_tool_calls": True, "echo": None,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with caplog.at_level(logging.WARNING, logger="gateway.ignored_fields"):
+        for stream in (False, True, False):
+            r = await post(gateway, "/v1/chat/completions", {**body, "stream": stream})
+            assert r.status_code == 200
+            assert r.headers[HEADER] == "foo,response_format,stream_options.continuous_usage_stats"
+    logged = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.ignored_fields"]
+    assert len(logged) == 3 and all("/v1/chat/completions" in m for m in logged)
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "x",
+                                                "response_format": {"type": "text"},
+                                                "parallel_tool_calls": False})
+    assert r.headers[HEADER] == "parallel_tool_calls"
+    r = await post(gateway, "/tokenize", {"prompt": "x", "bar": 2})
+    assert r.headers[HEADER] == "bar"
+
+
+async def test_tool_choice_that_is_not_enforced_is_named(gateway):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for choice, header in (("auto", None), ("none", None), ("required", "tool_choice"),
+                           ({"type": "function", "function": {"name": "f"}}, "tool_choice")):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "tools": tools,
+                                                          "tool_choice": choice, "zz": 1})
+        assert r.headers[HEADER] == ",".join(filter(None, [header, "zz"])), choice
+
+
+def test_ignored_header_keeps_client_names_out_of_harms_way():
+    assert ignored_header([]) == {}
+    assert ignored_header(["a", "b\r\nSet-Cookie: x", "c,d"]) == {HEADER: "a,..."}
+    names = [f"f{i:02d}" for i in range(40)]
+    assert ignored_header(names)[HEADER].split(",") == names[:32] + ["..."]
