@@ -102,7 +102,9 @@ class LLMEngine:
 
     def stats(self, include_block_hashes: bool = False) -> EngineStats:
         """A consistent snapshot; call on the engine thread."""
-        return snapshot(self.scheduler, self.kv, self.counts(), include_block_hashes)
+        s = self.scheduler
+        return snapshot(s.waiting, s.running, self.kv, s.config.max_num_seqs, self.counts(),
+                        include_block_hashes)
 
     def get_request(self, request_id: str) -> Request:
         """The live request (read it, don't change it). Raises KeyError once it ended."""

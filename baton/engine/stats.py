@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from baton.engine.kv_cache import KVCacheManager
-    from baton.engine.scheduler import Scheduler
+    from baton.engine.request import Request
 
 
 @dataclass
@@ -67,13 +69,14 @@ class EngineStats(NamedTuple):
     block_hashes: tuple[int, ...] = ()
 
 
-def snapshot(sched: Scheduler, kv: KVCacheManager, counts: EngineCounts,
+def snapshot(waiting: Collection[Request], running: Collection[Request], kv: KVCacheManager,
+             max_num_seqs: int, counts: EngineCounts,
              include_block_hashes: bool) -> EngineStats:
-    """EngineStats of a scheduler and its KV manager (engine thread)."""
+    """EngineStats of a scheduler's queues and its KV manager (engine thread)."""
     waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                         for r in (*sched.waiting, *sched.running))
-    seqs = sched.config.max_num_seqs
-    load = max(kv.usage, len(sched.running) / seqs) + len(sched.waiting) / seqs
+                         for r in (*waiting, *running))
+    seqs = max_num_seqs
+    load = max(kv.usage, len(running) / seqs) + len(waiting) / seqs
     hashes = tuple(kv.cached_block_hashes()) if include_block_hashes else ()
     return EngineStats(counts, waiting_tokens, kv.num_cached_blocks, kv.usage, seqs, load,
                        hashes)
