@@ -2,13 +2,15 @@
 //
 // Layout: w is (out, in) row-major and contiguous, so each output is one contiguous dot product
 // (the layout ggml's CPU backend streams for f32: ggml_vec_dot_f32 over a row of src0).
-// Vectorisation (after ggml_vec_dot_f32, GGML_F32_STEP/GGML_F32_EPR): a tile of R weight rows is
-// walked once; every vector of R rows is multiplied into BT rows of x, giving R*BT independent
-// FMA accumulators (R=4, BT<=3 on AVX2's 16 ymm registers, BT<=4 on AVX-512's 32 zmm). The tail
-// (in % lanes) uses masked loads, so the reduction order is the same for every column position.
+// Vectorisation (after ggml_vec_dot_f32, GGML_F32_STEP/GGML_F32_EPR): a tile of R = 4 weight
+// rows is walked once along k; every weight vector loaded is multiplied into BT rows of x, giving
+// R*BT independent FMA accumulators (BT <= 3 on AVX2's 16 ymm registers, two vectors per step;
+// BT <= 4 on AVX-512's 32 zmm), reduced horizontally at the end. The k tail (in % lanes) uses
+// masked loads. A tile's 4 rows come from 4 distant quarters of the thread's row range (4
+// sequential memory streams), and each tile prefetches the next one's lines while it computes.
 // Batch reuse: all B rows of x are applied to a weight tile (BT at a time) before the next tile,
 // so the tile (R*in*4 bytes, <= 24 KiB here) is read from memory once and re-read from L1.
-// Threading: at::parallel_for over tiles; each thread gets one contiguous range of rows.
+// Threading: at::parallel_for over row ranges; each thread gets one contiguous range of rows.
 // ISA: one build; AVX-512 / AVX2+FMA variants are compiled with target attributes and chosen at
 // run time by __builtin_cpu_supports; a scalar loop covers every other CPU.
 #include <torch/extension.h>
@@ -59,61 +61,60 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// A tile is NR weight rows o, o + step, ..., o + (NR-1)*step times BT rows of x starting at b.
+// pf != 0: also prefetch the rows pf rows further on (the next tile), one cache line per row
+// per 64 bytes of k, so the next tile's memory reads overlap this tile's FMAs.
+struct Tile { int64_t o, step, pf; };
+
 template <int NR, int BT>
-__attribute__((target("avx2,fma"))) void tile_avx2(const Args& a, int64_t o, int64_t b) {
+__attribute__((target("avx2,fma"))) void tile_avx2(const Args& a, Tile tl, int64_t b) {
   __m256 acc[NR][BT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < BT; ++t) acc[r][t] = _mm256_setzero_ps();
-  const float* w = a.w + o * a.K;
+  const float* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = a.w + (tl.o + r * tl.step) * a.K;
   const float* x = a.x + b * a.ldx;
+  const int64_t pf = tl.pf * a.K;
   int64_t k = 0;
-  for (; k + 8 <= a.K; k += 8) {
+  for (; k + 16 <= a.K; k += 16) {
     for (int r = 0; r < NR; ++r) {
-      __m256 wv = _mm256_loadu_ps(w + r * a.K + k);
-      for (int t = 0; t < BT; ++t)
-        acc[r][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * a.ldx + k), acc[r][t]);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + pf + k), _MM_HINT_T0);
+      __m256 w0 = _mm256_loadu_ps(w[r] + k), w1 = _mm256_loadu_ps(w[r] + k + 8);
+      for (int t = 0; t < BT; ++t) {
+        acc[r][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * a.ldx + k), acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * a.ldx + k + 8), acc[r][t]);
+      }
     }
   }
-  if (k < a.K) {
+  for (; k < a.K; k += 8) {
     alignas(32) int32_t m[8];
     for (int j = 0; j < 8; ++j) m[j] = (k + j < a.K) ? -1 : 0;
     __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(m));
     for (int r = 0; r < NR; ++r) {
-      __m256 wv = _mm256_maskload_ps(w + r * a.K + k, mask);
+      __m256 wv = _mm256_maskload_ps(w[r] + k, mask);
       for (int t = 0; t < BT; ++t)
         acc[r][t] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x + t * a.ldx + k, mask), acc[r][t]);
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < BT; ++t) a.y[(b + t) * a.ldy + o + r] = hsum256(acc[r][t]);
-}
-
-template <int NR>
-__attribute__((target("avx2,fma"))) void batch_avx2(const Args& a, int64_t o) {
-  int64_t b = 0;
-  for (; b + 3 <= a.B; b += 3) tile_avx2<NR, 3>(a, o, b);
-  if (a.B - b == 2) tile_avx2<NR, 2>(a, o, b);
-  if (a.B - b == 1) tile_avx2<NR, 1>(a, o, b);
-}
-
-__attribute__((target("avx2,fma"))) void rows_avx2(const Args& a, int64_t o0, int64_t o1) {
-  int64_t o = o0;
-  for (; o + R <= o1; o += R) batch_avx2<R>(a, o);
-  for (; o < o1; ++o) batch_avx2<1>(a, o);
+    for (int t = 0; t < BT; ++t) a.y[(b + t) * a.ldy + tl.o + r * tl.step] = hsum256(acc[r][t]);
 }
 
 // ---- AVX-512F -------------------------------------------------------------------------------
 template <int NR, int BT>
-__attribute__((target("avx512f"))) void tile_avx512(const Args& a, int64_t o, int64_t b) {
+__attribute__((target("avx512f"))) void tile_avx512(const Args& a, Tile tl, int64_t b) {
   __m512 acc[NR][BT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < BT; ++t) acc[r][t] = _mm512_setzero_ps();
-  const float* w = a.w + o * a.K;
+  const float* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = a.w + (tl.o + r * tl.step) * a.K;
   const float* x = a.x + b * a.ldx;
+  const int64_t pf = tl.pf * a.K;
   int64_t k = 0;
   for (; k + 16 <= a.K; k += 16) {
     for (int r = 0; r < NR; ++r) {
-      __m512 wv = _mm512_loadu_ps(w + r * a.K + k);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + pf + k), _MM_HINT_T0);
+      __m512 wv = _mm512_loadu_ps(w[r] + k);
       for (int t = 0; t < BT; ++t)
         acc[r][t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + t * a.ldx + k), acc[r][t]);
     }
@@ -121,31 +122,57 @@ __attribute__((target("avx512f"))) void tile_avx512(const Args& a, int64_t o, in
   if (k < a.K) {
     __mmask16 mask = static_cast<__mmask16>((1u << (a.K - k)) - 1u);
     for (int r = 0; r < NR; ++r) {
-      __m512 wv = _mm512_maskz_loadu_ps(mask, w + r * a.K + k);
+      __m512 wv = _mm512_maskz_loadu_ps(mask, w[r] + k);
       for (int t = 0; t < BT; ++t)
         acc[r][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + t * a.ldx + k), acc[r][t]);
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < BT; ++t) a.y[(b + t) * a.ldy + o + r] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int t = 0; t < BT; ++t)
+      a.y[(b + t) * a.ldy + tl.o + r * tl.step] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-template <int NR>
-__attribute__((target("avx512f"))) void batch_avx512(const Args& a, int64_t o) {
+// All B rows of x against one tile: BT rows at a time (MAXBT = what the registers hold); only
+// the first pass prefetches, later passes find the tile in L1.
+template <int NR, int MAXBT, void (*T1)(const Args&, Tile, int64_t),
+          void (*T2)(const Args&, Tile, int64_t), void (*T3)(const Args&, Tile, int64_t),
+          void (*T4)(const Args&, Tile, int64_t)>
+inline void batch(const Args& a, Tile tl) {
   int64_t b = 0;
-  for (; b + 4 <= a.B; b += 4) tile_avx512<NR, 4>(a, o, b);
+  for (; b + MAXBT <= a.B; b += MAXBT, tl.pf = 0) (MAXBT == 4 ? T4 : T3)(a, tl, b);
   switch (a.B - b) {
-    case 3: tile_avx512<NR, 3>(a, o, b); break;
-    case 2: tile_avx512<NR, 2>(a, o, b); break;
-    case 1: tile_avx512<NR, 1>(a, o, b); break;
+    case 3: T3(a, tl, b); break;
+    case 2: T2(a, tl, b); break;
+    case 1: T1(a, tl, b); break;
     default: break;
   }
 }
 
+// Rows [o0, o1) of one thread, cut into R parts walked side by side: tile i holds rows
+// o0 + i + j*q (j < R), so the thread reads R distant sequential streams (measured here: more
+// bandwidth than R adjacent rows, which the prefetchers see as one stream); each tile prefetches
+// the next (the same rows + 1). The rows left over (n % R) go one at a time.
+template <void (*BATCH_R)(const Args&, Tile), void (*BATCH_1)(const Args&, Tile)>
+inline void rows_generic(const Args& a, int64_t o0, int64_t o1) {
+  const int64_t q = (o1 - o0) / R;
+  for (int64_t i = 0; i < q; ++i) BATCH_R(a, Tile{o0 + i, q, i + 1 < q ? 1 : 0});
+  for (int64_t o = o0 + q * R; o < o1; ++o) BATCH_1(a, Tile{o, 1, 0});
+}
+
+template <int NR>
+__attribute__((target("avx2,fma"))) void batch_avx2(const Args& a, Tile tl) {
+  batch<NR, 3, tile_avx2<NR, 1>, tile_avx2<NR, 2>, tile_avx2<NR, 3>, tile_avx2<NR, 3>>(a, tl);
+}
+__attribute__((target("avx2,fma"))) void rows_avx2(const Args& a, int64_t o0, int64_t o1) {
+  rows_generic<batch_avx2<R>, batch_avx2<1>>(a, o0, o1);
+}
+
+template <int NR>
+__attribute__((target("avx512f"))) void batch_avx512(const Args& a, Tile tl) {
+  batch<NR, 4, tile_avx512<NR, 1>, tile_avx512<NR, 2>, tile_avx512<NR, 3>, tile_avx512<NR, 4>>(a, tl);
+}
 __attribute__((target("avx512f"))) void rows_avx512(const Args& a, int64_t o0, int64_t o1) {
-  int64_t o = o0;
-  for (; o + R <= o1; o += R) batch_avx512<R>(a, o);
-  for (; o < o1; ++o) batch_avx512<1>(a, o);
+  rows_generic<batch_avx512<R>, batch_avx512<1>>(a, o0, o1);
 }
 #endif  // BATON_X86
 
