@@ -7,7 +7,7 @@
    `Linear` torch storage: (in, out), the big ones as two column halves) vs native ((out, in)),
    each cycling over enough distinct copies (>= 768 MiB) that every read comes from DRAM, not
    the last-level cache. Beside it, the read bandwidth of `x.sum()` over 512 MiB.
-2. The whole batch-1 fp32 decode step of the real model (as offline_throughput's
+2. The whole fp32 decode step of the real model with 1 and 8 sequences (as offline_throughput's
    `batch1_step_ms`), the model's matrices re-laid out torch / native between rounds, beside the
    read-bandwidth floor (weight bytes / `x.sum()` GB/s of the same round).
 
@@ -89,23 +89,26 @@ def relayout(model, use_native: bool) -> None:
     model.lm_head = redo(model.lm_head, True)
 
 
-def _decode_steps_ms(engine, rid: str, context: int, steps: int) -> float:
-    """Median ms of a one-sequence decode step, after prefilling `context` tokens."""
+def _decode_steps_ms(engine, tag: str, seqs: int, context: int, steps: int) -> float:
+    """Median ms of a decode step of `seqs` sequences, after prefilling `context` tokens each."""
     from baton import SamplingParams
 
-    engine.add_request(rid, list(range(100, 100 + context)),
-                       SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True))
-    while engine.get_request(rid).num_computed_tokens < context:
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+    ids = [f"{tag}-{i}" for i in range(seqs)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, [100 + (i * 7919 + j) % 20000 for j in range(context)], params)
+    while any(engine.get_request(r).num_computed_tokens < context for r in ids):
         engine.step()
     times = []
     while engine.has_unfinished_requests():
         t = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times[2:])
+    return 1000 * statistics.median(times[2:-2])
 
 
-def bench_step(model: str, rounds: int, context: int, bw_buf: torch.Tensor) -> None:
+def bench_step(model: str, rounds: int, context: int, seqs: int, bw_buf: torch.Tensor) -> None:
+    """The decode step of `seqs` sequences, torch vs native storage, beside the read floor."""
     from baton import LLM
 
     llm = LLM(model, dtype="float32", kv_cache_memory_bytes=256 << 20)
@@ -116,16 +119,16 @@ def bench_step(model: str, rounds: int, context: int, bw_buf: torch.Tensor) -> N
     for r in range(rounds):
         for variant in ("torch", "native"):
             relayout(m, variant == "native")
-            ms[variant].append(_decode_steps_ms(llm.engine, f"{variant}{r}", context, 24))
+            ms[variant].append(_decode_steps_ms(llm.engine, f"{variant}{r}", seqs, context, 24))
         floors.append(weight_bytes / (read_gbps(bw_buf) * 1e9) * 1e3)
     floor = statistics.median(floors)
-    print(f"\nbatch-1 fp32 decode step, {model}, context {context}, "
+    print(f"\n{seqs}-sequence fp32 decode step, {model}, context {context}, "
           f"{weight_bytes / 1e6:.0f} MB of weights, medians of {rounds} rounds:")
     for variant, values in ms.items():
         step = statistics.median(values)
         print(f"  {variant:6s} {step:6.1f} ms  ({step / floor:.2f}x the read floor; rounds "
               + " ".join(f"{v:.1f}" for v in values) + ")")
-    print(f"  read floor {floor:5.1f} ms (x.sum over 512 MiB, same rounds)")
+    print(f"  read floor {floor:5.1f} ms (x.sum over 512 MiB, same rounds)", flush=True)
 
 
 def main() -> None:
@@ -134,6 +137,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--context", type=int, default=256, help="prompt tokens before decoding")
+    p.add_argument("--seqs", default="1,8", help="decode batch sizes of the whole-step part")
     p.add_argument("--skip-step", action="store_true", help="only the per-shape table")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -144,7 +148,8 @@ def main() -> None:
     bw_buf = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
     bench_shapes(args.rounds, bw_buf)
     if not args.skip_step:
-        bench_step(args.model, args.rounds, args.context, bw_buf)
+        for seqs in map(int, args.seqs.split(",")):
+            bench_step(args.model, args.rounds, args.context, seqs, bw_buf)
     print(f"load average at the end {os.getloadavg()}")
 
 
