@@ -100,9 +100,24 @@ def test_launcher_rejects_bad_inputs() -> None:
         g.gemv_native(x, _rand(8, 15, seed=11))
 
 
+@needs_native
+def test_a_built_library_is_imported_without_the_builder(monkeypatch, tmp_path) -> None:
+    def no_builder(*args, **kwargs):
+        raise AssertionError("torch's builder ran although the library was built")
+
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setattr(cpp, "load", no_builder)
+    monkeypatch.setattr(g, "_ext", None)
+    monkeypatch.setattr(g, "_tried", False)
+    assert g.gemv_available()
+    assert g._import_built(tmp_path) is None  # an empty folder: nothing to import
+
+
 def test_failed_build_falls_back_to_torch(monkeypatch, caplog) -> None:
     monkeypatch.setattr(g, "_ext", None)
     monkeypatch.setattr(g, "_tried", False)
+    monkeypatch.setattr(g, "_import_built", lambda folder: None)  # as on a fresh machine
     monkeypatch.setattr(g, "_ninja_on_path", lambda: False)
     x, w = _rand(1, 12, seed=12), _rand(5, 12, seed=13)
     with caplog.at_level(logging.WARNING, logger=g.__name__):
