@@ -1,14 +1,16 @@
-"""Small-batch fp32 GEMV on CPU, streaming (out, in) weights at the memory-read floor.
+"""Small-batch fp32 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
 
-    x [B, in] fp32, B <= 16 (decode rows)     w [out, in] fp32, contiguous (repacked once at load)
+    x [B, in] fp32, B <= 16 (decode rows)     w [out, in] fp32, contiguous (laid out once at load)
     y [B, out] = x @ w.T                      each y[b, o] = one contiguous dot product over w[o]
 
-Batch-1 decode is bound by reading every weight once per step; torch/MKL's fp32 GEMV reaches
-12–16 GB/s here while llama.cpp's CPU backend streams the same weights at ~22 GB/s on one
-thread. `kernels/csrc/gemv.cpp` follows ggml's f32 path (`ggml_vec_dot_f32`: several independent
-SIMD accumulators per dot product, rows split contiguously over threads): tiles of 4 weight rows
-times up to 3 (AVX2) or 4 (AVX-512) rows of x, so every weight vector loaded feeds up to 16 FMA
-chains and B rows read the weights once. Threads: `torch.get_num_threads()` (at::parallel_for).
+Batch-1 decode is bound by reading every weight once per step. On the AMD EPYC VM of issue 17
+torch/MKL's fp32 GEMV read 11–16 GB/s while llama.cpp's CPU backend streamed ~22 GB/s on one
+thread. `kernels/csrc/gemv.cpp` follows ggml's f32 path (`ggml_vec_dot_f32`: independent SIMD
+accumulators per dot product, rows split contiguously over threads): tiles of 4 weight rows,
+taken from 4 distant quarters of a thread's rows (4 sequential streams) and prefetching the
+next tile, times up to 3 (AVX2) or 4 (AVX-512) rows of x, so every weight vector loaded feeds up
+to 16 FMA chains and B rows read the weights once. Threads: `torch.get_num_threads()`
+(at::parallel_for). Measured with benchmarks/cpu_gemv.py (see BENCHMARKS.md).
 
 The extension is compiled on first use with `torch.utils.cpp_extension.load` (needs `ninja` and a
 C++ compiler) into `~/.cache/baton/ext/gemv-<hash of source, torch version, machine>`, then
