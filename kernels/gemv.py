@@ -67,9 +67,10 @@ def _ninja_on_path() -> bool:
 def _import_built(folder: Path):
     """The extension already built in `folder` (its name carries the source hash, so a present
     library is this source's), imported without torch's builder (~1.5 s of up-to-date checks
-    saved per process); None if absent or unloadable."""
+    saved per process); None if absent, unloadable, or still being built by another process
+    (torch's builder holds `lock` in the folder meanwhile; it then waits for that build)."""
     lib = folder / "baton_gemv.so"
-    if not lib.is_file():
+    if not lib.is_file() or (folder / "lock").exists():
         return None
     try:
         spec = importlib.util.spec_from_file_location("baton_gemv", lib)

@@ -112,6 +112,11 @@ def test_a_built_library_is_imported_without_the_builder(monkeypatch, tmp_path) 
     monkeypatch.setattr(g, "_tried", False)
     assert g.gemv_available()
     assert g._import_built(tmp_path) is None  # an empty folder: nothing to import
+    (tmp_path / "baton_gemv.so").write_bytes((g.build_dir() / "baton_gemv.so").read_bytes())
+    (tmp_path / "lock").touch()  # another process is still building there
+    assert g._import_built(tmp_path) is None
+    (tmp_path / "lock").unlink()
+    assert g._import_built(tmp_path) is not None
 
 
 def test_failed_build_falls_back_to_torch(monkeypatch, caplog) -> None:
