@@ -9,7 +9,8 @@
    the last-level cache. Beside it, the read bandwidth of `x.sum()` over 512 MiB.
 2. The whole fp32 decode step of the real model with 1 and 8 sequences (as offline_throughput's
    `batch1_step_ms`), the model's matrices re-laid out torch / native between rounds, beside the
-   read-bandwidth floor (weight bytes / `x.sum()` GB/s of the same round).
+   read-bandwidth floor (weight bytes / `x.sum()` GB/s of the same round); then a 512-token
+   prefill on both storages (it stays on torch's GEMM: a check that the layout costs it nothing).
 
 Variants alternate A B A B within each round and the medians over rounds are printed with the
 load average, since the machine is shared and noisy. Needs the model in the model cache for 2.
@@ -131,6 +132,30 @@ def bench_step(model: str, rounds: int, context: int, seqs: int, bw_buf: torch.T
     print(f"  read floor {floor:5.1f} ms (x.sum over 512 MiB, same rounds)", flush=True)
 
 
+def bench_prefill(model: str, rounds: int, tokens: int) -> None:
+    """A `tokens`-token prefill (one request, distinct tokens every time so nothing is
+    prefix-cached), torch vs native storage: prefill runs torch's GEMM on either layout."""
+    from baton import LLM, SamplingParams
+
+    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=256 << 20)
+    e = llm.engine
+    ms = {"torch": [], "native": []}
+    for r in range(rounds):
+        for n, variant in enumerate(("torch", "native")):
+            relayout(e.model, variant == "native")
+            prompt = [100 + (r * 31 + n * 5003 + j * 7919) % 20000 for j in range(tokens)]
+            e.add_request(f"p{variant}{r}", prompt,
+                          SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+            t = time.perf_counter()
+            while e.has_unfinished_requests():
+                e.step()
+            ms[variant].append((time.perf_counter() - t) * 1e3)
+    print(f"\n{tokens}-token prefill (+ 1 sampled token), medians of {rounds} rounds:")
+    for variant, values in ms.items():
+        print(f"  {variant:6s} {statistics.median(values):7.0f} ms (rounds "
+              + " ".join(f"{v:.0f}" for v in values) + ")", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads (workers default: 1)")
@@ -138,6 +163,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--context", type=int, default=256, help="prompt tokens before decoding")
     p.add_argument("--seqs", default="1,8", help="decode batch sizes of the whole-step part")
+    p.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
     p.add_argument("--skip-step", action="store_true", help="only the per-shape table")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -150,6 +176,8 @@ def main() -> None:
     if not args.skip_step:
         for seqs in map(int, args.seqs.split(",")):
             bench_step(args.model, args.rounds, args.context, seqs, bw_buf)
+        if args.prefill:
+            bench_prefill(args.model, min(args.rounds, 3), args.prefill)
     print(f"load average at the end {os.getloadavg()}")
 
 
