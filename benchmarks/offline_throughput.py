@@ -138,21 +138,13 @@ def prefill_floor_s(model: str, prompts, dtype: torch.dtype) -> float:
 def batch1_matmul_ms(llm) -> float:
     """Median time of one batch-1 step's matmuls alone (every layer's GEMVs + lm_head, in the
     model's own layout and calls): the weight-streaming part of a decode step."""
-    from baton.models.decoder import _split_matmul
-
     m = llm.engine.model
-    s = m.shape
-    x = torch.randn(1, s.hidden_size, dtype=m.dtype)
-    a = torch.randn(1, m.layers[0].down.shape[1], dtype=m.dtype)
+    xs = {n: torch.randn(1, n, dtype=m.dtype) for n in {lin.in_features for lin in m.linears()}}
     times = []
     for _ in range(10):
         t = time.perf_counter()
-        for layer in m.layers:
-            x @ layer.qkv
-            x @ layer.o
-            torch.matmul(x, layer.gate_up)
-            _split_matmul(a, layer.down, s.hidden_size)
-        m.compute_logits(x)
+        for lin in m.linears():
+            lin(xs[lin.in_features])
         times.append(time.perf_counter() - t)
     return 1000 * statistics.median(times)
 
@@ -173,10 +165,7 @@ def batch1_step_ms(model: str, dtype: str, context: int) -> tuple[float, int, fl
         t = time.perf_counter()
         e.step()
         times.append(time.perf_counter() - t)
-    m = e.model
-    mats = [m.lm_head] + [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up,
-                                                           layer.down)]
-    return (1000 * statistics.median(times[2:]), sum(w.numel() * w.element_size() for w in mats),
+    return (1000 * statistics.median(times[2:]), sum(lin.nbytes for lin in e.model.linears()),
             batch1_matmul_ms(llm))
 
 

@@ -8,6 +8,10 @@ is contiguous across layers for transfer):
     layer l:  key_cache = kv_cache[:, l, 0]   value_cache = kv_cache[:, l, 1]   (strided views)
     slot = block_id * block_size + offset_in_block
 
+`kernels/gemv.py` is the CPU side: a native small-batch fp32 GEMV (a torch C++ extension from
+`kernels/csrc/gemv.cpp`, built on first use) beside its torch reference; import it as the module
+`kernels.gemv` (it is not re-exported here, so the name stays the module's).
+
 This is a leaf package: it imports nothing of Baton's. Hugging Face has an unrelated optional
 package also imported as `kernels`; transformers accepts it only at versions in [0.18.2, 0.19.0),
 so the `baton` distribution's version must stay outside that range.

@@ -18,6 +18,10 @@ import torch  # noqa: E402
 
 torch.set_num_threads(2)
 
+from kernels import gemv as _gemv  # noqa: E402
+
+_gemv.gemv_available()  # build the native GEMV (once per machine) before a test starts a worker
+
 from tests.tiny_models import build_tiny_model  # noqa: E402
 
 

@@ -3,10 +3,11 @@
 Covers Llama, Mistral (no sliding window), Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMS
 norm), tied or untied embeddings, GQA. Config, rotary tables and activation come from
 transformers so the numerics match its reference implementation; the weights are re-laid out
-for speed: q/k/v fused into one (hidden, (Hq + 2·Hkv)·D) matrix, every matrix stored (in, out)
-so `x @ W` streams rows (faster GEMV on CPU, see shared/PLATFORM.md), and the big ones (gate/up,
-down, lm_head) as two column halves multiplied by one batched matmul, which runs a one-row
-GEMV on two cores where MKL's plain GEMV uses one (`_split_matmul`).
+for speed: q/k/v fused into one matrix, gate/up into another, each a `baton.models.linear.Linear`.
+fp32 on CPU keeps every matrix (out, in) for the native small-batch GEMV (`kernels.gemv`:
+decode steps of <= 16 tokens stream the weights at the memory-read floor; prefill keeps torch's
+GEMM); other dtypes, or a machine where the extension does not build, keep the torch layout
+((in, out), the big matrices as two column halves, see linear.py).
 
 On CPU each step first builds a `kernels.paged_cpu.PagedAttentionPlan` (every cache index
 derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
@@ -27,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
+from baton.models.linear import Linear, use_native_gemv
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -85,47 +87,32 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
-def _split_columns(w: torch.Tensor) -> torch.Tensor:
-    """(in, out) matrix → [2, in, ceil(out/2)]: its two column halves (the last zero-padded when
-    `out` is odd), for `_split_matmul`."""
-    n = -(-w.shape[1] // 2)
-    w = torch.nn.functional.pad(w, (0, 2 * n - w.shape[1]))
-    return w.view(w.shape[0], 2, n).transpose(0, 1).contiguous()
-
-
-def _split_matmul(x: torch.Tensor, w2: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x [T, in] @ W [in, out] with W stored as `_split_columns(W)`: one batched matmul over the
-    two halves. Each output column is the same dot product as `x @ W` (no split sums); the gain
-    is threading: MKL's GEMV for one row runs on one core here, a batch of two GEMVs on two
-    (measured on this 2-core VM: batch-1 decode step 74 → 65 ms; see BENCHMARKS.md)."""
-    y = torch.matmul(x, w2).transpose(0, 1).reshape(x.shape[0], -1)  # [T, 2·ceil(out/2)]
-    return y if y.shape[1] == out_features else y[:, :out_features]
-
-
 class Layer:
-    """Weights of one decoder layer (fused, (in, out) layout).
+    """Weights of one decoder layer, fused: qkv [(Hq + 2·Hkv)·D, hidden], o [hidden, Hq·D],
+    gate_up [2·I, hidden] (gate rows, then up rows), down [hidden, I], each a `Linear` (given
+    (out, in), stored for the GEMV path in use, see baton/models/linear.py)."""
 
-    qkv [hidden, (Hq + 2·Hkv)·D]; o [Hq·D, hidden]; gate_up [2, hidden, I] (gate, up);
-    down as `_split_columns` of [I, hidden].
-    """
-
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype,
+                 native: bool) -> None:
         def get(name: str) -> torch.Tensor | None:
             t = w.get(prefix + name)
             return None if t is None else t.to(dtype)
 
         a = "self_attn."
-        self.qkv = torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"], 0).t().contiguous()
+        self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native)
         biases = [get(a + f"{p}_proj.bias") for p in "qkv"]
         self.qkv_bias = torch.cat(biases) if biases[0] is not None else None
-        self.o = get(a + "o_proj.weight").t().contiguous()
+        self.o = Linear(get(a + "o_proj.weight"), native)
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
-        self.gate_up = torch.stack([get("mlp.gate_proj.weight").t(),
-                                    get("mlp.up_proj.weight").t()]).contiguous()
-        self.down = _split_columns(get("mlp.down_proj.weight").t())
+        self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+                              native, split=True)
+        self.down = Linear(get("mlp.down_proj.weight"), native, split=True)
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
 
 
 class DecoderModel:
@@ -154,15 +141,16 @@ class DecoderModel:
         self.act = ACT2FN[cfg.hidden_act]
         self.scale = head_size ** -0.5
         weights = self._load_weights(folder)
+        self.native_gemv = use_native_gemv(dtype)
         self.embed = weights["model.embed_tokens.weight"].to(dtype)
-        self.layers = [Layer(weights, f"model.layers.{i}.", dtype)
+        self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = weights["model.norm.weight"].to(dtype)
         lm_head = weights.get("lm_head.weight")
         if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
             lm_head = weights["model.embed_tokens.weight"]
-        self.lm_head = _split_columns(lm_head.to(dtype).t())
-        self._lm_head_rows = lm_head.shape[0]  # may exceed config.vocab_size (padded vocab)
+        # rows may exceed config.vocab_size (padded vocab); a tied fp32 one shares `embed`'s memory
+        self.lm_head = Linear(lm_head.to(dtype), self.native_gemv, split=True)
         self._cos, self._sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
 
     @staticmethod
@@ -203,7 +191,7 @@ class DecoderModel:
             kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_norm, self.eps)
-            qkv = x @ layer.qkv
+            qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             qk, v = qkv.view(-1, s.num_heads + 2 * s.num_kv_heads, s.head_size).split(
@@ -216,10 +204,10 @@ class DecoderModel:
                 attn = self._attention_cpu(plan, kv_rows, i, q, k, v)
             else:
                 attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
-            h = h + attn.view(-1, q_width) @ layer.o
+            h = h + layer.o(attn.view(-1, q_width))
             x = _rms_norm(h, layer.post_norm, self.eps)
-            gate, up = torch.matmul(x, layer.gate_up).unbind()
-            h = h + _split_matmul(self.act(gate) * up, layer.down, s.hidden_size)
+            gate, up = layer.gate_up(x).chunk(2, dim=1)  # [T, I] each
+            h = h + layer.down(self.act(gate) * up)
         return _rms_norm(h, self.norm, self.eps)
 
     def _attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -249,7 +237,11 @@ class DecoderModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] → logits [N, vocab] float32."""
-        return _split_matmul(hidden, self.lm_head, self._lm_head_rows).float()
+        return self.lm_head(hidden).float()
+
+    def linears(self) -> list[Linear]:
+        """Every weight matrix a decode step reads: the layers' four, then lm_head."""
+        return [lin for layer in self.layers for lin in layer.linears()] + [self.lm_head]
 
 
 def read_architecture(folder: Path) -> str:

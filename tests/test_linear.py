@@ -1,0 +1,51 @@
+"""baton.models.linear: both weight storages compute x @ W.T; the decoder agrees with transformers
+on either one (the torch storage is the fallback when the native GEMV does not build)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import baton.models.decoder as decoder
+from baton import LLM, SamplingParams
+from baton.models.linear import Linear
+from kernels import gemv
+from tests.reference import hf_greedy
+
+U = 2.0**-24
+STORAGES = [(False, False), (False, True)] + ([(True, False)] if gemv.gemv_available() else [])
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("native,split", STORAGES)
+@pytest.mark.parametrize("rows", [1, 3, 16, 20])  # 20 > MAX_ROWS: the prefill GEMM path
+def test_every_storage_is_x_times_w_transposed(native: bool, split: bool, rows: int) -> None:
+    w, x = _rand(7, 45, seed=1), _rand(rows, 45, seed=2)  # odd out: a padded split half
+    lin = Linear(w, native, split)
+    y = lin(x)
+    exact = x.double() @ w.double().t()
+    bound = 45 * U / (1 - 45 * U) * (x.double().abs() @ w.double().abs().t())
+    assert y.shape == (rows, 7) and y.dtype == torch.float32
+    assert ((y.double() - exact).abs() <= bound).all()
+    assert torch.equal(lin.matrix(), w) and (lin.in_features, lin.out_features) == (45, 7)
+
+
+@pytest.mark.skipif(not gemv.gemv_available(), reason="native GEMV did not build here")
+def test_native_storage_shares_a_contiguous_matrix() -> None:
+    w = _rand(9, 16, seed=3)
+    assert Linear(w, native=True).weight.data_ptr() == w.data_ptr()
+    assert Linear(w, native=True).nbytes == w.numel() * 4
+
+
+@pytest.mark.parametrize("native", [False, True] if gemv.gemv_available() else [False])
+def test_decoder_greedy_matches_transformers_on_either_storage(monkeypatch, tiny_llama,
+                                                                native: bool) -> None:
+    monkeypatch.setattr(decoder, "use_native_gemv", lambda dtype: native)
+    llm = LLM(str(tiny_llama), num_blocks=32)
+    assert llm.engine.model.native_gemv is native
+    prompts = [[5, 6, 7, 8, 9], [11, 3, 200, 17, 4, 90, 31, 2, 8]]  # one step: 2 decode rows
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 8)
