@@ -1,5 +1,12 @@
-"""What every serving process shares: the process entry, logs, signals and the READY line
-(`process`, light enough for the gateway), the worker flags and configs (`flags`), the one
-start path of a worker role (`start`), the engine's thread (`async_engine`), proto
-translations (`wire`), the GetStats RPC (`stats_rpc`) and the health probe command
-(`python -m baton.worker.healthcheck`)."""
+"""What every serving process shares:
+
+    process       the process entry, logs, signals, the READY line (light: the gateway too)
+    flags         the worker flags and configs (EngineConfig, ServerConfig, RoleConfig)
+    start         the one start path of a worker role (start_worker, WorkerServer)
+    async_engine  the engine's thread, bridged to asyncio
+    wire          proto ⇄ engine translations (SamplingParams, logprobs, WorkerStats)
+    stats_rpc     the GetStats RPC both roles answer
+    validate      the checks every worker applies to a request before any work
+    vllm_metrics  vLLM's metric names beside Baton's own
+    healthcheck   `python -m baton.worker.healthcheck HOST:PORT` (gRPC health probe)
+"""
