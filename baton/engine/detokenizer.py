@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from baton.engine.request import Request, RequestStatus
 from baton.sampling_params import SamplingParams
 
 # Prompt ids decoded as context before the first output token (vLLM uses 5 as well).
@@ -152,3 +153,25 @@ class IncrementalDetokenizer:
             if any(stop.startswith(suffix) and len(stop) > k for stop in self._stops):
                 return k
         return 0
+
+
+def check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
+               max_model_len: int) -> tuple[RequestStatus | None, str]:
+    """After `token` was appended to `req`: (the finished status it reaches, or None; the
+    text it adds). Order: eos, then stop token ids (both only past min_tokens), stop strings,
+    then max_tokens / the context limit (FINISHED_LENGTH). Sets `req.stop_reason`."""
+    params = req.sampling_params
+    n_out = len(req.output_token_ids)
+    may_stop = n_out >= params.min_tokens
+    if may_stop and token in req.eos_token_ids:
+        return RequestStatus.FINISHED_STOPPED, detok.flush()
+    if may_stop and token in params.stop_token_ids:
+        req.stop_reason = token
+        return RequestStatus.FINISHED_STOPPED, detok.flush()
+    update = detok.update([token])
+    if update.stop_string is not None:
+        req.stop_reason = update.stop_string
+        return RequestStatus.FINISHED_STOPPED, update.text_delta
+    if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH, update.text_delta + detok.flush()
+    return None, update.text_delta

@@ -11,10 +11,9 @@ A request's life inside `LLMEngine`:
 4. Finished or aborted requests release their blocks (to the prefix cache) at once, unless
    the `finish_hook` keeps them (the prefill role's `BlockHolds`).
 
-The engine serves one role's plain path; the roles' extra states live beside it and drive it
-through the methods marked "for role components": `remote_kv.RemoteKV` (decode: prompt KV
-from a prefill worker) and `block_holds.BlockHolds` (prefill: blocks held for sending).
-Status changes happen in the scheduler only.
+The roles' extra states live beside it and drive it through the methods marked "for role
+components": `remote_kv.RemoteKV` (decode) and `block_holds.BlockHolds` (prefill). Status
+changes happen in the scheduler only.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from baton.config import EngineConfig
-from baton.engine.detokenizer import IncrementalDetokenizer
+from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
@@ -235,28 +234,11 @@ class LLMEngine:
         totals.generation_tokens += 1
         if len(req.output_token_ids) == 1:
             totals.prompt_tokens += req.num_prompt_tokens
-        status, delta = self._check_stop(tracked, token)
+        status, delta = check_stop(req, tracked.detok, token, self.max_model_len)
         if status is not None:
             del self.requests[request_id]
             self._finish(req, status)
         return self._output(tracked, [token], delta, lps)
-
-    def _check_stop(self, tracked: _Tracked, token: int) -> tuple[RequestStatus | None, str]:
-        req, params = tracked.request, tracked.request.sampling_params
-        n_out = len(req.output_token_ids)
-        may_stop = n_out >= params.min_tokens
-        if may_stop and token in req.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED, tracked.detok.flush()
-        if may_stop and token in params.stop_token_ids:
-            req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED, tracked.detok.flush()
-        update = tracked.detok.update([token])
-        if update.stop_string is not None:
-            req.stop_reason = update.stop_string
-            return RequestStatus.FINISHED_STOPPED, update.text_delta
-        if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH, update.text_delta + tracked.detok.flush()
-        return None, update.text_delta
 
     def _output(self, tracked: _Tracked, new: list[int], delta: str,
                 lps: list[TokenLogprob]) -> StepOutput:
