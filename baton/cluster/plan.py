@@ -1,6 +1,7 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
-CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`) and
-its environment (`child_env`).
+CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`), its
+environment (`child_env`) and the fixed ports it will bind (`fixed_ports`, checked free
+before anything starts).
 
 The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
 a service, so these are checked where services may be imported: tests/test_cluster_plan.py
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NamedTuple
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes")
@@ -63,6 +65,23 @@ def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -
            "--routing", a.routing, "--log-level", a.log_level, "--decode", ",".join(decode)]
     out += ["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"]
     return out + _passed_on(a, _GATEWAY_FLAGS)
+
+
+class FixedPort(NamedTuple):
+    """A port `baton up` was told to use: where it is bound, what it is, the flag that sets it."""
+
+    host: str
+    port: int
+    what: str
+    flag: str
+
+
+def fixed_ports(a: argparse.Namespace) -> list[FixedPort]:
+    """Every non-zero port a child will bind (workers bind port 0 on first start)."""
+    out = [FixedPort(a.host, a.port, "the gateway's HTTP port", "--port")]
+    if a.grpc_port is not None:  # the gateway's gRPC front binds its default 127.0.0.1
+        out.append(FixedPort("127.0.0.1", a.grpc_port, "the gateway's gRPC front", "--grpc-port"))
+    return [p for p in out if p.port != 0]
 
 
 def child_env(threads: int) -> dict[str, str]:

@@ -14,6 +14,8 @@
    until GET /health is 200 and reports every worker healthy;
 4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
 5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
+Before anything starts, every fixed port it will bind (the gateway's --port, --grpc-port)
+is checked free; a taken one fails at once with one line naming the port and its flag.
 A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
 `--pin split` pins workers to disjoint CPU sets (sched_setaffinity before exec), so one role
 cannot steal another's cores: disaggregated = prefill workers on the upper half of the CPUs
@@ -24,9 +26,11 @@ Logs: one file per child in --log-dir (a temporary folder unless given).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +40,14 @@ import urllib.request
 from pathlib import Path
 
 from baton.cluster.child import Child
-from baton.cluster.plan import child_env, cpu_plan, decode_args, gateway_args, prefill_args
+from baton.cluster.plan import (
+    child_env,
+    cpu_plan,
+    decode_args,
+    fixed_ports,
+    gateway_args,
+    prefill_args,
+)
 from baton.roles import ROLE_MODULES
 
 
@@ -76,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--stop-timeout", type=float, default=15.0)
     return p
+
+
+def port_taken(a: argparse.Namespace) -> str | None:
+    """The one-line error for the first fixed port already in use, or None when all are free.
+    Binds each one as the gateway will (SO_REUSEADDR, so a TIME_WAIT leftover is no conflict)."""
+    for p in fixed_ports(a):
+        family = socket.AF_INET6 if ":" in p.host else socket.AF_INET
+        try:
+            socket.create_server((p.host, p.port), family=family).close()
+        except OSError as e:
+            why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+            return f"port {p.port} on {p.host} {why} ({p.what}); choose another with {p.flag}"
+    return None
 
 
 def _health(url: str) -> dict | None:
@@ -211,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         print("baton up: need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)",
               file=sys.stderr)
         return 2
+    if (taken := port_taken(a)) is not None:
+        print(f"baton up: {taken}", file=sys.stderr)
+        return 1
     try:
         from baton.models.registry import resolve_model
         resolve_model(a.model)  # convert once here, before the workers race to it

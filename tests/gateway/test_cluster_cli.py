@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -68,3 +69,25 @@ def test_pinned_child_runs_on_its_cpus(tmp_path):
             break
         time.sleep(0.1)
     assert str(sorted(want)) in child.log_path.read_text()
+
+
+def _fake_roles(monkeypatch) -> None:
+    for role in ("prefill", "decode", "gateway"):
+        monkeypatch.setitem(cluster.ROLE_MODULES, role, "tests.gateway.fake_role")
+
+
+def test_port_in_use_fails_before_anything_starts(monkeypatch, capsys, tiny_llama, tmp_path):
+    _fake_roles(monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = cluster.main(["--model", str(tiny_llama), "--log-dir", str(tmp_path),
+                             "--port", str(port), "--startup-timeout", "2"])
+        err = capsys.readouterr().err
+        assert code == 1
+        assert err.strip() == (f"baton up: port {port} on 127.0.0.1 is in use (the gateway's "
+                               f"HTTP port); choose another with --port")
+        code = cluster.main(["--model", str(tiny_llama), "--log-dir", str(tmp_path),
+                             "--port", "0", "--grpc-port", str(port),
+                             "--startup-timeout", "2"])
+        assert code == 1 and "choose another with --grpc-port" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no child was started
