@@ -9,6 +9,9 @@ A request's life here:
      first message is awaited before answering, so routing failures still get a real status
      (429/503/504 with Retry-After); after that, failures are SSE error events.
   5. Client gone → the Generate call is cancelled (abort on the workers).
+While the gateway drains (gateway/drain.py) new requests get 503 + Retry-After and /health
+says "draining" with 503; at the shutdown deadline a running stream ends with an error event
+and [DONE], a request not yet answered with the same 503.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disconnect
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
+from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body, status_phrase
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, PromptError
@@ -44,12 +48,13 @@ _THREAD_TOKENIZE_CHARS = 16_384
 
 
 def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-               pool: WorkerPool, metrics: GatewayMetrics) -> FastAPI:
+               pool: WorkerPool, metrics: GatewayMetrics, drain: Drain) -> FastAPI:
+    """The FastAPI app: Guard in front, the routes, errors in OpenAI's shape."""
     app = FastAPI(title="Baton gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       metrics=metrics)
+                       metrics=metrics, drain=drain)
     _add_error_handlers(app)
-    routes = Routes(config, prompts, dispatcher, pool, metrics)
+    routes = Routes(config, prompts, dispatcher, pool, metrics, drain)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
@@ -60,20 +65,22 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
 
 class Routes:
     def __init__(self, config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-                 pool: WorkerPool, metrics: GatewayMetrics) -> None:
+                 pool: WorkerPool, metrics: GatewayMetrics, drain: Drain) -> None:
         self.config = config
         self.prompts = prompts
         self.dispatcher = dispatcher
         self.pool = pool
         self.metrics = metrics
+        self.drain = drain
         self.started = int(time.time())
         self.model_names = {config.served_model_name, config.model}
 
     async def health(self) -> JSONResponse:
         counts = {role: {"healthy": self.pool.num_healthy(role),
                          "total": len(self.pool.workers[role])} for role in (DECODE, PREFILL)}
-        ok = counts[DECODE]["healthy"] > 0
-        return JSONResponse({"status": "ok" if ok else "unavailable", "workers": counts},
+        ok = counts[DECODE]["healthy"] > 0 and not self.drain.draining
+        status = "draining" if self.drain.draining else "ok" if ok else "unavailable"
+        return JSONResponse({"status": status, "workers": counts},
                             status_code=200 if ok else 503)
 
     async def metrics_text(self) -> Response:
@@ -129,10 +136,12 @@ class Routes:
         messages = self.dispatcher.stream(
             TokenizedRequest(rid, ids, params, session or "", arrival))
         if body.stream:
-            return await _stream(request, spec, messages, self.prompts, self.metrics)
+            return await _stream(request, spec, messages, self.prompts, self.metrics,
+                                 self.drain.expired)
         try:
             result = await until_disconnect(request.receive,
-                                            collect(spec, messages, self.prompts.token_text))
+                                            collect(spec, messages, self.prompts.token_text),
+                                            self.drain.expired)
         except ClientGone:
             self.metrics.disconnects.inc()
             return Response(status_code=499)
@@ -142,13 +151,13 @@ class Routes:
 
 
 async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
-                  prompts: PromptBuilder, metrics: GatewayMetrics):
+                  prompts: PromptBuilder, metrics: GatewayMetrics, expired: asyncio.Event):
     """SSE of the request's messages. The first message is awaited before any byte is sent
     (routing errors become a plain HTTP error), watching the connection meanwhile: a client
     that leaves before its first token aborts the chain (decode, and prefill from there)
     at once, not after the whole prompt was prefilled and sent."""
     try:
-        first = await until_disconnect(request.receive, anext(messages))
+        first = await until_disconnect(request.receive, anext(messages), expired)
     except ClientGone:
         await messages.aclose()
         metrics.disconnects.inc()
@@ -165,7 +174,7 @@ async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
     relayed = with_first()
     sse = sse_events(spec, relayed, prompts.token_text)
     events = _count_stream_errors(sse, metrics)
-    return SSEResponse(events, closers=[events, sse, relayed, messages],
+    return SSEResponse(events, closers=[events, sse, relayed, messages], expired=expired,
                        on_disconnect=metrics.disconnects.inc)
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes")
-_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size")
+_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s")
 
 
 def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,

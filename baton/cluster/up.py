@@ -13,7 +13,9 @@
 3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
    until GET /health is 200 and reports every worker healthy;
 4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
-5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
+5. stop the gateway (it answers 503 to new requests and lets running streams finish for
+   --shutdown-grace-s), then decode, then prefill workers (SIGTERM, then SIGKILL after
+   --stop-timeout).
 Before anything starts, every fixed port it will bind (the gateway's --port, --grpc-port)
 is checked free; a taken one fails at once with one line naming the port and its flag.
 A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
@@ -85,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
-    p.add_argument("--stop-timeout", type=float, default=15.0)
+    p.add_argument("--shutdown-grace-s", type=float, default=30.0,
+                   help="on Ctrl-C: seconds the gateway lets running streams finish")
+    p.add_argument("--stop-timeout", type=float, default=15.0,
+                   help="seconds a child may take to stop (the gateway: after its grace)")
     return p
 
 
@@ -198,13 +203,14 @@ class Cluster:
             running = [c for c in group if c.exited() is None]
             for c in running:
                 c.proc.send_signal(signal.SIGTERM)
-            end = time.monotonic() + self.a.stop_timeout
+            grace = self.a.shutdown_grace_s if group and group[0] is self.gateway else 0.0
+            end = time.monotonic() + grace + self.a.stop_timeout
             for c in running:
                 try:
                     c.proc.wait(max(0.1, end - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    print(f"[baton up] {c.name} did not stop in {self.a.stop_timeout:g} s; "
-                          "killing it", file=sys.stderr)
+                    print(f"[baton up] {c.name} did not stop in "
+                          f"{grace + self.a.stop_timeout:g} s; killing it", file=sys.stderr)
                     c.proc.kill()
                     c.proc.wait()
 
