@@ -45,18 +45,19 @@ def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def prefill_args(a: argparse.Namespace) -> list[str]:
-    """A prefill worker's flags (every worker binds loopback on any free port)."""
-    return ["--model", a.model, "--host", "127.0.0.1", "--port", "0",
+def prefill_args(a: argparse.Namespace, port: int = 0) -> list[str]:
+    """A prefill worker's flags: loopback, on any free port at first start (port 0) and on
+    the port it had when restarted."""
+    return ["--model", a.model, "--host", "127.0.0.1", "--port", str(port),
             "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5",
             *_passed_on(a, _WORKER_FLAGS)]
 
 
-def decode_args(a: argparse.Namespace) -> list[str]:
+def decode_args(a: argparse.Namespace, port: int = 0) -> list[str]:
     """A decode worker's flags: a prefill worker's, and --min-remote-tokens when given."""
     extra = [] if a.min_remote_tokens is None else \
         ["--min-remote-tokens", str(a.min_remote_tokens)]
-    return prefill_args(a) + extra
+    return prefill_args(a, port) + extra
 
 
 def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
