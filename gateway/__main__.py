@@ -5,7 +5,9 @@
       start: Gateway(config).start(); prints `[gateway] serving ...` (for people), then
              run_process prints `READY port=<HTTP port>` (for launchers); a failed start
              prints `[gateway] failed to start: ...` and the process exits with status 1
-      on the stop event: Gateway.stop() (stop accepting, let streams finish, close)
+      on the stop event: Gateway.stop(): /health and new requests 503 (Retry-After),
+             running requests get --shutdown-grace-s; streams still running then end
+             with an error event and [DONE] (gateway/drain.py); then close
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class _Serving:
         self.port = gateway.http_port
 
     async def stop(self) -> None:
-        """Stop the gateway (stop accepting, let streams finish, close)."""
+        """Stop the gateway (drain for --shutdown-grace-s, then close)."""
         logger.info("shutting down")
         await self.gateway.stop()
 

@@ -1,12 +1,14 @@
 """ASGI pieces under the FastAPI routes: the guard in front, SSE and disconnect handling behind.
 
 - `Guard` (outermost middleware): stamps the arrival time, checks the API key (every path but
-  /health), bounds the body (Content-Length, and counted while it streams in), and counts
-  every response by endpoint and status for /metrics.
+  /health), bounds the body (Content-Length, and counted while it streams in), counts
+  every response by endpoint and status for /metrics, and while the gateway drains refuses
+  new requests with 503 + Retry-After and counts the running ones (gateway/drain.py).
 - `SSEResponse`: sends events while watching for the client to leave; when it leaves, the
   producer is cancelled and the generators are closed in order, so the decode Generate call
-  is cancelled right away (not when the garbage collector gets to it).
-- `until_disconnect`: the same for non-streaming requests.
+  is cancelled right away (not when the garbage collector gets to it). At the shutdown
+  deadline it ends the stream itself: an error event, then `data: [DONE]`.
+- `until_disconnect`: the same for non-streaming requests (503 at the shutdown deadline).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
-from gateway.errors import error_body
+from gateway.drain import Drain, shutting_down
+from gateway.errors import DONE, error_body, sse_error
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 ARRIVAL_KEY = "baton.arrival"
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
               "/metrics/workers", "/tokenize", "/detokenize", "/version"}
+_NOT_DRAINED = ("/health", "/metrics", "/metrics/workers", "/version")  # answered while draining
 
 
 class BodyTooLarge(HTTPException):
@@ -44,11 +48,12 @@ class ClientGone(Exception):
 
 class Guard:
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, drain: Drain) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._max_body = max_body_bytes
         self._metrics = metrics
+        self._drain = drain
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -66,7 +71,16 @@ class Guard:
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self._max_body:
             return await _json(counted_send, 413, self.too_large_body())
-        await self.app(scope, self._bounded_receive(receive), counted_send)
+        if path in _NOT_DRAINED:
+            return await self.app(scope, self._bounded_receive(receive), counted_send)
+        if self._drain.draining:
+            error = shutting_down()
+            return await _json(counted_send, 503, error.body(), error.headers())
+        self._drain.enter()
+        try:
+            await self.app(scope, self._bounded_receive(receive), counted_send)
+        finally:
+            self._drain.leave()
 
     def too_large_body(self) -> dict:
         return error_body(413, BodyTooLarge(self._max_body).detail, code="request_too_large")
@@ -95,11 +109,12 @@ class Guard:
         return counted
 
 
-async def _json(send, status: int, body: dict) -> None:
+async def _json(send, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
     data = json.dumps(body).encode()
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
+                            (b"content-length", str(len(data)).encode()), *extra]})
     await send({"type": "http.response.body", "body": data})
 
 
@@ -109,34 +124,39 @@ async def wait_disconnect(receive) -> None:
         pass
 
 
-async def until_disconnect(receive, work: Awaitable):
-    """Run `work`; if the client leaves first, cancel it and raise ClientGone."""
+async def until_disconnect(receive, work: Awaitable, expired: asyncio.Event):
+    """Run `work`; if the client leaves first, cancel it and raise ClientGone; if the
+    shutdown deadline (`expired`) comes first, cancel it and raise the 503 shutting_down."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_disconnect(receive))
+    deadline = asyncio.ensure_future(expired.wait())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watcher, deadline}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for t in (watcher, deadline):
+            t.cancel()
         if not task.done():
             task.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        await asyncio.gather(task, watcher, deadline, return_exceptions=True)
     if task.cancelled():
-        raise ClientGone()
+        raise shutting_down() if expired.is_set() else ClientGone()
     return task.result()
 
 
 class SSEResponse(StreamingResponse):
     """text/event-stream of `events`; `closers` are async generators closed at the end, in
     order (outermost first); `on_disconnect` runs when the client left before the end;
+    `expired` set (the shutdown deadline) ends the stream with an error event and [DONE];
     `headers` are added to the response's."""
 
-    def __init__(self, events: AsyncIterator[bytes], closers: list,
+    def __init__(self, events: AsyncIterator[bytes], closers: list, expired: asyncio.Event,
                  on_disconnect: Callable[[], None] = lambda: None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                   **(headers or {})})
         self._closers = closers
+        self._expired = expired
         self._on_disconnect = on_disconnect
         self._completed = False
 
@@ -145,16 +165,27 @@ class SSEResponse(StreamingResponse):
                     "headers": self.raw_headers})
         pump = asyncio.ensure_future(self._pump(send))
         watcher = asyncio.ensure_future(wait_disconnect(receive))
+        deadline = asyncio.ensure_future(self._expired.wait())
+        done: set = set()
         try:
-            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({pump, watcher, deadline},
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (pump, watcher):
+            for t in (pump, watcher, deadline):
                 t.cancel()
-            await asyncio.gather(pump, watcher, return_exceptions=True)
+            await asyncio.gather(pump, watcher, deadline, return_exceptions=True)
             for gen in self._closers:
                 await gen.aclose()
-        if not self._completed:
+        if done == {deadline} and not self._completed:  # the client is still there
+            await self._end_shutting_down(send)
+        elif not self._completed:
             self._on_disconnect()
+
+    async def _end_shutting_down(self, send) -> None:
+        """The shutdown deadline came mid-stream: end it cleanly, never with a reset."""
+        body = sse_error(shutting_down()) + DONE
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        self._completed = True
 
     async def _pump(self, send) -> None:
         try:

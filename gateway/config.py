@@ -72,6 +72,9 @@ class GatewayConfig:
     given up on (retried elsewhere, else 504). stream_idle_timeout_s: the same between
     messages once streaming (an error event then). max_attempts: workers tried per request
     before the first token. max_inflight: requests in the gateway at once (429 beyond).
+    shutdown_grace_s: after SIGTERM, how long running requests may finish (new ones get
+    503) before running streams are ended with an error event; the default matches the
+    workers' default --drain-seconds.
     """
 
     model: str = "smollm2-135m"
@@ -95,7 +98,7 @@ class GatewayConfig:
     dns_refresh_s: float = 5.0
     first_token_timeout_s: float = 600.0
     stream_idle_timeout_s: float = 300.0
-    shutdown_grace_s: float = 5.0
+    shutdown_grace_s: float = 30.0
     access_log: bool = False
     log_level: str = "info"
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -112,6 +115,8 @@ class GatewayConfig:
         if min(self.poll_interval_s, self.rpc_timeout_s, self.dns_refresh_s,
                self.first_token_timeout_s, self.stream_idle_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("shutdown_grace_s must be >= 0")
         for addr in (*self.decode, *self.prefill):
             split_host_port(addr)
 
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-token-timeout-s", type=float, default=600.0)
     p.add_argument("--stream-idle-timeout-s", type=float, default=300.0)
     p.add_argument("--overload-load", type=float, default=1.5)
+    p.add_argument("--shutdown-grace-s", type=float, default=30.0,
+                   help="after SIGTERM: seconds running requests may finish (new ones: 503)")
     p.add_argument("--access-log", action="store_true")
     p.add_argument("--log-level", default="info")
     return p
@@ -177,7 +184,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             prefill_mode=PrefillModeChoice(a.prefill_mode), max_inflight=a.max_inflight,
             max_attempts=a.max_attempts, poll_interval_s=a.poll_interval_s,
             dns_refresh_s=a.dns_refresh_s, first_token_timeout_s=a.first_token_timeout_s,
-            stream_idle_timeout_s=a.stream_idle_timeout_s, access_log=a.access_log,
+            stream_idle_timeout_s=a.stream_idle_timeout_s,
+            shutdown_grace_s=a.shutdown_grace_s, access_log=a.access_log,
             log_level=a.log_level,
             router=RouterConfig(policy=RoutingPolicy(a.routing), overload_load=a.overload_load,
                                 stale_after_s=max(3.0, 6 * a.poll_interval_s)),

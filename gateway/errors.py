@@ -55,6 +55,9 @@ def error_body(status: int, message: str, param: str | None = None,
                       "param": param, "code": code}}
 
 
+DONE = b"data: [DONE]\n\n"  # the last event of every SSE stream
+
+
 def sse_error(error: GatewayError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 

@@ -11,9 +11,13 @@ A request's life here:
      first message is awaited before answering, so routing failures still get a real status
      (429/503/504 with Retry-After); after that, failures are SSE error events.
   5. Client gone → the Generate call is cancelled (abort on the workers).
+While the gateway drains (gateway/drain.py) new requests get 503 + Retry-After and /health
+says "draining" with 503; at the shutdown deadline a running stream ends with an error event
+and [DONE], a request not yet answered with the same 503.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import time
@@ -29,6 +33,7 @@ from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disc
 from gateway.batch import merge_streams, prompt_list
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
+from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body, require_model, status_phrase
 from gateway.ignored_fields import IgnoredFieldLog, ignored_fields, ignored_header
 from gateway.metrics import GatewayMetrics
@@ -47,14 +52,15 @@ from gateway.workers import DECODE, PREFILL, WorkerPool
 
 
 def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-               pool: WorkerPool, metrics: GatewayMetrics) -> FastAPI:
-    """The gateway's FastAPI app: the OpenAI routes, vLLM's /tokenize family, health, metrics."""
+               pool: WorkerPool, metrics: GatewayMetrics, drain: Drain) -> FastAPI:
+    """The gateway's FastAPI app: Guard in front, the OpenAI routes, vLLM's /tokenize family,
+    health, metrics; errors in OpenAI's shape."""
     app = FastAPI(title="Baton gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       metrics=metrics)
+                       metrics=metrics, drain=drain)
     _add_error_handlers(app)
     ignored = IgnoredFieldLog()
-    routes = Routes(config, prompts, dispatcher, pool, metrics, ignored)
+    routes = Routes(config, prompts, dispatcher, pool, metrics, drain, ignored)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
     app.add_api_route("/metrics/workers", routes.worker_metrics_text, methods=["GET"])
@@ -67,12 +73,14 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
 
 class Routes:
     def __init__(self, config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-                 pool: WorkerPool, metrics: GatewayMetrics, ignored: IgnoredFieldLog) -> None:
+                 pool: WorkerPool, metrics: GatewayMetrics, drain: Drain,
+                 ignored: IgnoredFieldLog) -> None:
         self.config = config
         self.prompts = prompts
         self.dispatcher = dispatcher
         self.pool = pool
         self.metrics = metrics
+        self.drain = drain
         self.ignored = ignored
         self.started = int(time.time())
         self.model_names = {config.served_model_name, config.model}
@@ -80,8 +88,9 @@ class Routes:
     async def health(self) -> JSONResponse:
         counts = {role: {"healthy": self.pool.num_healthy(role),
                          "total": len(self.pool.workers[role])} for role in (DECODE, PREFILL)}
-        ok = counts[DECODE]["healthy"] > 0
-        return JSONResponse({"status": "ok" if ok else "unavailable", "workers": counts},
+        ok = counts[DECODE]["healthy"] > 0 and not self.drain.draining
+        status = "draining" if self.drain.draining else "ok" if ok else "unavailable"
+        return JSONResponse({"status": status, "workers": counts},
                             status_code=200 if ok else 503)
 
     async def metrics_text(self) -> Response:
@@ -143,10 +152,12 @@ class Routes:
         messages = self.dispatcher.stream(jobs[0]) if len(jobs) == 1 else merge_streams(
             [self.dispatcher.stream(j) for j in jobs], body.n)
         if body.stream:
-            return await _stream(request, spec, messages, self.prompts, self.metrics, headers)
+            return await _stream(request, spec, messages, self.prompts, self.metrics,
+                                 self.drain.expired, headers)
         try:
             result = await until_disconnect(request.receive,
-                                            collect(spec, messages, self.prompts.token_text))
+                                            collect(spec, messages, self.prompts.token_text),
+                                            self.drain.expired)
         except ClientGone:
             self.metrics.disconnects.inc()
             return Response(status_code=499)
@@ -175,13 +186,14 @@ class Routes:
 
 
 async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
-                  prompts: PromptBuilder, metrics: GatewayMetrics, headers: dict[str, str]):
+                  prompts: PromptBuilder, metrics: GatewayMetrics, expired: asyncio.Event,
+                  headers: dict[str, str]):
     """SSE of the request's messages. The first message is awaited before any byte is sent
     (routing errors become a plain HTTP error), watching the connection meanwhile: a client
     that leaves before its first token aborts the chain (decode, and prefill from there)
     at once, not after the whole prompt was prefilled and sent."""
     try:
-        first = await until_disconnect(request.receive, anext(messages))
+        first = await until_disconnect(request.receive, anext(messages), expired)
     except ClientGone:
         await messages.aclose()
         metrics.disconnects.inc()
@@ -198,7 +210,7 @@ async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
     relayed = with_first()
     sse = sse_events(spec, relayed, prompts.token_text)
     events = _count_stream_errors(sse, metrics)
-    return SSEResponse(events, closers=[events, sse, relayed, messages],
+    return SSEResponse(events, closers=[events, sse, relayed, messages], expired=expired,
                        on_disconnect=metrics.disconnects.inc, headers=headers)
 
 

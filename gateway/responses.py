@@ -13,13 +13,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway.errors import GatewayError, sse_error
+from gateway.errors import DONE, GatewayError, sse_error
 from gateway.tool_calls import ParsedToolCall, ToolCallParser
 from protos import common_pb2
 
 TokenText = Callable[[int], str]
 _FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
-DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(frozen=True)

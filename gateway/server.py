@@ -3,7 +3,9 @@
     gw = Gateway(config)          # or Gateway(config, prompts) with a tokenizer already loaded
     await gw.start()              # binds config.host:config.port (0 = any) and the gRPC port
     ... gw.http_url, gw.grpc_address ...
-    await gw.stop()               # stop accepting, let streams finish (shutdown_grace_s), close
+    await gw.stop()               # drain (gateway/drain.py): new requests and /health get 503,
+                                  # running ones get shutdown_grace_s, streams still running
+                                  # then end with an error event and [DONE]; then close
 
 Used by `python -m gateway` and, in-process, by the tests.
 """
@@ -21,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway.config import GatewayConfig, RoutingPolicy
 from gateway.dispatch import Dispatcher
+from gateway.drain import Drain
 from gateway.grpc_front import ApiKeyInterceptor, GatewayServicer
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
@@ -30,6 +33,11 @@ from gateway.workers import WorkerPool
 from protos import gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+# After the drain nothing should be running: uvicorn then only closes idle connections.
+_CLOSE_TIMEOUT_S = 2.0
+# At the deadline, how long the ended requests may take to send their last bytes.
+_END_TIMEOUT_S = 2.0
 
 
 class _Server(uvicorn.Server):
@@ -49,11 +57,13 @@ class Gateway:
         self.pool = WorkerPool(config, config.router.policy is not RoutingPolicy.ROUND_ROBIN,
                                on_worker_removed=self.router.forget_worker)
         self.dispatcher = Dispatcher(config, self.pool, self.router, self.metrics)
+        self.drain = Drain()
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._http: _Server | None = None
         self._http_task: asyncio.Task | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._grpc_health: health.aio.HealthServicer | None = None
         self._janitor: asyncio.Task | None = None
 
     @property
@@ -85,9 +95,9 @@ class Gateway:
         self._grpc = grpc.aio.server(interceptors=[ApiKeyInterceptor(key)] if key else None)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(self.config, self.prompts, self.dispatcher), self._grpc)
-        health_servicer = health.aio.HealthServicer()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
+        self._grpc_health = health.aio.HealthServicer()
+        await self._grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._grpc)
         address = f"{_bracket(self.config.grpc_host)}:{self.config.grpc_port}"
         self.grpc_port = self._grpc.add_insecure_port(address)
         if not self.grpc_port:
@@ -95,14 +105,15 @@ class Gateway:
         await self._grpc.start()
 
     async def _start_http(self) -> None:
-        app = create_app(self.config, self.prompts, self.dispatcher, self.pool, self.metrics)
+        app = create_app(self.config, self.prompts, self.dispatcher, self.pool, self.metrics,
+                         self.drain)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.create_server((self.config.host, self.config.port), family=family,
                                     backlog=2048)
         self.http_port = sock.getsockname()[1]
         self._http = _Server(uvicorn.Config(
             app, log_config=None, access_log=self.config.access_log, lifespan="off",
-            timeout_graceful_shutdown=self.config.shutdown_grace_s, timeout_keep_alive=30))
+            timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, timeout_keep_alive=30))
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
         while not self._http.started:
             if self._http_task.done():
@@ -111,21 +122,40 @@ class Gateway:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
-        """Stop accepting, give running requests shutdown_grace_s, then close everything."""
+        """Drain, then close (see the module docstring); the gRPC front drains alongside."""
         if self._janitor:
             self._janitor.cancel()
-        if self._http is not None:
-            self._http.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(self._http_task),
-                                       self.config.shutdown_grace_s + 5)
-            except (asyncio.TimeoutError, Exception):
-                self._http.force_exit = True
-                self._http_task.cancel()
-                await asyncio.gather(self._http_task, return_exceptions=True)
+        grace = self.config.shutdown_grace_s
+        grpc_stop = None
         if self._grpc is not None:
-            await self._grpc.stop(self.config.shutdown_grace_s)
+            await self._grpc_health.enter_graceful_shutdown()
+            grpc_stop = asyncio.ensure_future(self._grpc.stop(grace))
+        if self._http is not None:
+            await self._drain_http(grace)
+            await self._close_http()
+        if grpc_stop is not None:
+            await grpc_stop
         await self.pool.close()
+
+    async def _drain_http(self, grace: float) -> None:
+        self.drain.begin()
+        if self.drain.running:
+            logger.info("draining: %d request(s) running, up to %g s", self.drain.running,
+                        grace)
+        if not await self.drain.wait_idle(grace):
+            logger.warning("%d request(s) still running after the %g s shutdown grace; "
+                           "ending them", self.drain.running, grace)
+            self.drain.expire()
+            await self.drain.wait_idle(_END_TIMEOUT_S)
+
+    async def _close_http(self) -> None:
+        self._http.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._http_task), _CLOSE_TIMEOUT_S + 5)
+        except (asyncio.TimeoutError, Exception):
+            self._http.force_exit = True
+            self._http_task.cancel()
+            await asyncio.gather(self._http_task, return_exceptions=True)
 
     async def _expire_sessions(self) -> None:
         while True:

@@ -16,7 +16,7 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--block-size", "8", "--max-model-len", "512", "--num-blocks", "64",
               "--kv-cache-memory-bytes", "1048576", "--min-remote-tokens", "24",
               "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0", "--api-key", "k",
-              "--port", "8123", "--host", "127.0.0.2"]
+              "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -50,3 +50,4 @@ def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
         assert cfg.prefill_mode == PrefillModeChoice.LOCAL
     assert (cfg.grpc_port, cfg.api_key) == (up.grpc_port, up.api_key)
     assert (cfg.max_model_len, cfg.block_size) == (up.max_model_len, up.block_size)
+    assert cfg.shutdown_grace_s == up.shutdown_grace_s

@@ -1,6 +1,7 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
-CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`) and
-its environment (`child_env`).
+CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`), its
+environment (`child_env`) and the fixed ports it will bind (`fixed_ports`, checked free
+before anything starts).
 
 The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
 a service, so these are checked where services may be imported: tests/test_cluster_plan.py
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NamedTuple
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes")
-_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size")
+_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s")
 
 
 def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
@@ -43,19 +45,21 @@ def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def prefill_args(a: argparse.Namespace) -> list[str]:
-    """A prefill worker's flags (every worker binds loopback on any free port, its metrics
-    too: the gateway's GET /metrics/workers finds them through WorkerStats.metrics_port)."""
-    return ["--model", a.model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+def prefill_args(a: argparse.Namespace, port: int = 0) -> list[str]:
+    """A prefill worker's flags: loopback, on any free port at first start (port 0) and on
+    the port it had when restarted; its metrics on any free port too (the gateway's GET
+    /metrics/workers finds them through WorkerStats.metrics_port)."""
+    return ["--model", a.model, "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", "0",
             "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5",
             *_passed_on(a, _WORKER_FLAGS)]
 
 
-def decode_args(a: argparse.Namespace) -> list[str]:
+def decode_args(a: argparse.Namespace, port: int = 0) -> list[str]:
     """A decode worker's flags: a prefill worker's, and --min-remote-tokens when given."""
     extra = [] if a.min_remote_tokens is None else \
         ["--min-remote-tokens", str(a.min_remote_tokens)]
-    return prefill_args(a) + extra
+    return prefill_args(a, port) + extra
 
 
 def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
@@ -64,6 +68,23 @@ def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -
            "--routing", a.routing, "--log-level", a.log_level, "--decode", ",".join(decode)]
     out += ["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"]
     return out + _passed_on(a, _GATEWAY_FLAGS)
+
+
+class FixedPort(NamedTuple):
+    """A port `baton up` was told to use: where it is bound, what it is, the flag that sets it."""
+
+    host: str
+    port: int
+    what: str
+    flag: str
+
+
+def fixed_ports(a: argparse.Namespace) -> list[FixedPort]:
+    """Every non-zero port a child will bind (workers bind port 0 on first start)."""
+    out = [FixedPort(a.host, a.port, "the gateway's HTTP port", "--port")]
+    if a.grpc_port is not None:  # the gateway's gRPC front binds its default 127.0.0.1
+        out.append(FixedPort("127.0.0.1", a.grpc_port, "the gateway's gRPC front", "--grpc-port"))
+    return [p for p in out if p.port != 0]
 
 
 def child_env(threads: int) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
     baton up [--model smollm2-135m] [--port 8000] [--num-prefill 1] [--num-decode 1]
              [--mode disaggregated|colocated] [--routing session|kv|round-robin]
-             [--transport nixl|grpc] [--pin none|split]
+             [--transport nixl|grpc] [--pin none|split] [--shutdown-grace-s 30]
+             [--exit-on-child-failure] [--restart-delay-s 1] [--restart-max-delay-s 30]
 
 1. resolve the model once here (a registered model is converted on first use, not by every
    worker at once);
@@ -12,8 +13,16 @@
    workers only (every prefill local);
 3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
    until GET /health is 200 and reports every worker healthy;
-4. print the URL and a curl line; serve until Ctrl-C / SIGTERM or until a child dies;
-5. stop the gateway, then decode, then prefill workers (SIGTERM, then SIGKILL after a grace).
+4. print the URL and a curl line; serve until Ctrl-C / SIGTERM. A child that dies is
+   restarted on the port it had, with backoff (--restart-delay-s, doubling per death in a
+   row up to --restart-max-delay-s, reset after --restart-reset-s up), and the cluster
+   serves on meanwhile (supervise.py); `--exit-on-child-failure` (CI) stops it instead,
+   with status 1 and the tail of the child's log;
+5. stop the gateway (it answers 503 to new requests and lets running streams finish for
+   --shutdown-grace-s), then decode, then prefill workers (SIGTERM, then SIGKILL after
+   --stop-timeout).
+Before anything starts, every fixed port it will bind (the gateway's --port, --grpc-port)
+is checked free; a taken one fails at once with one line naming the port and its flag.
 A child that dies during start-up ends `baton up` with status 1 and the tail of its log.
 `--pin split` pins workers to disjoint CPU sets (sched_setaffinity before exec), so one role
 cannot steal another's cores: disaggregated = prefill workers on the upper half of the CPUs
@@ -36,7 +45,15 @@ import urllib.request
 from pathlib import Path
 
 from baton.cluster.child import Child
-from baton.cluster.plan import child_env, cpu_plan, decode_args, gateway_args, prefill_args
+from baton.cluster.flags import backoff, bad_flags, build_parser, port_taken
+from baton.cluster.plan import (
+    child_env,
+    cpu_plan,
+    decode_args,
+    gateway_args,
+    prefill_args,
+)
+from baton.cluster.supervise import Supervisor, describe_exit
 from baton.roles import ROLE_MODULES
 
 
@@ -46,36 +63,6 @@ class StartupError(RuntimeError):
 
 class Interrupted(Exception):
     """Ctrl-C / SIGTERM arrived."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The flags of `baton up`."""
-    p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
-    p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
-    p.add_argument("--grpc-port", type=int, default=None, help="gateway gRPC front (off)")
-    p.add_argument("--num-prefill", type=int, default=1)
-    p.add_argument("--num-decode", type=int, default=1)
-    p.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
-    p.add_argument("--routing", choices=["session", "kv", "round-robin"], default="session")
-    p.add_argument("--transport", choices=["nixl", "grpc"], default="nixl")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--dtype", default=None, help="worker dtype (default: the workers')")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    p.add_argument("--min-remote-tokens", type=int, default=None,
-                   help="decode: shortest uncached suffix prefilled remotely")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--pin", choices=["none", "split"], default="none",
-                   help="split: pin prefill and decode workers to disjoint CPU sets")
-    p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
-    p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
-    p.add_argument("--stop-timeout", type=float, default=15.0)
-    return p
 
 
 def _health(url: str) -> dict | None:
@@ -98,6 +85,7 @@ class Cluster:
         self.gateway: Child | None = None
         self.stop_signal: int | None = None
         self.cpus: dict[str, frozenset[int] | None] = {}
+        self.roles: dict[str, str] = {}  # child name -> role
 
     def request_stop(self, sig: int, _frame=None) -> None:
         """Signal handler: the main loop (or start-up) stops at its next check."""
@@ -113,7 +101,23 @@ class Cluster:
         argv = [sys.executable, "-m", ROLE_MODULES[role], *args]
         child = Child(name, argv, self.log_dir / f"{name}.log", cpus)
         child.start(self.env)
+        self.roles[name] = role
         return child
+
+    def restart(self, old: Child) -> Child:
+        """Start a dead child again with its flags, on the port it had (a worker) or its
+        fixed ports (the gateway), so nobody needs its new address; same log file."""
+        role = self.roles[old.name]
+        argv = old.argv if role == "gateway" else [
+            sys.executable, "-m", ROLE_MODULES[role],
+            *(prefill_args if role == "prefill" else decode_args)(self.a, old.port)]
+        new = Child(old.name, argv, old.log_path, old.cpus, port=old.port)
+        new.start(self.env)
+        self.prefill = [new if c is old else c for c in self.prefill]
+        self.decode = [new if c is old else c for c in self.decode]
+        if self.gateway is old:
+            self.gateway = new
+        return new
 
     def start(self) -> None:
         """Start the workers, wait for their READY lines, then the gateway until healthy."""
@@ -174,13 +178,14 @@ class Cluster:
             running = [c for c in group if c.exited() is None]
             for c in running:
                 c.proc.send_signal(signal.SIGTERM)
-            end = time.monotonic() + self.a.stop_timeout
+            grace = self.a.shutdown_grace_s if group and group[0] is self.gateway else 0.0
+            end = time.monotonic() + grace + self.a.stop_timeout
             for c in running:
                 try:
                     c.proc.wait(max(0.1, end - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    print(f"[baton up] {c.name} did not stop in {self.a.stop_timeout:g} s; "
-                          "killing it", file=sys.stderr)
+                    print(f"[baton up] {c.name} did not stop in "
+                          f"{grace + self.a.stop_timeout:g} s; killing it", file=sys.stderr)
                     c.proc.kill()
                     c.proc.wait()
 
@@ -204,13 +209,35 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
             f"[baton up] Ctrl-C to stop.")
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _serve(a: argparse.Namespace, cluster: Cluster) -> int:
+    """Serve until Ctrl-C / SIGTERM (0), restarting dead children (supervise.py); with
+    --exit-on-child-failure the first death ends it instead (1)."""
+    supervisor = Supervisor(cluster, backoff(a), say=_say)
+    while cluster.stop_signal is None:
+        dead = cluster.dead_child() if a.exit_on_child_failure else None
+        if dead is not None:
+            _say(f"[baton up] {dead.name} exited with {describe_exit(dead.exited())}; "
+                 f"stopping. The end of {dead.log_path}:\n{dead.log_tail()}")
+            return 1
+        if not a.exit_on_child_failure:
+            supervisor.tick()
+        time.sleep(0.2)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """`baton up ARGS`; returns the exit status (see the module docstring)."""
     a = build_parser().parse_args(argv)
-    if a.num_decode < 1 or (a.mode == "disaggregated" and a.num_prefill < 1):
-        print("baton up: need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)",
-              file=sys.stderr)
+    if (bad := bad_flags(a)) is not None:
+        print(f"baton up: {bad}", file=sys.stderr)
         return 2
+    if (taken := port_taken(a)) is not None:
+        print(f"baton up: {taken}", file=sys.stderr)
+        return 1
     try:
         from baton.models.registry import resolve_model
         resolve_model(a.model)  # convert once here, before the workers race to it
@@ -226,15 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[baton up] starting {a.model} ({a.mode}); logs in {log_dir}", flush=True)
         cluster.start()
         print(_banner(a, cluster), flush=True)
-        while cluster.stop_signal is None:
-            dead = cluster.dead_child()
-            if dead is not None:
-                print(f"[baton up] {dead.name} exited with status {dead.exited()}; stopping. "
-                      f"The end of {dead.log_path}:\n{dead.log_tail()}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        print("[baton up] stopping...", flush=True)
-        return 0
+        code = _serve(a, cluster)
+        if code == 0:
+            print("[baton up] stopping...", flush=True)
+        return code
     except Interrupted:
         print("[baton up] interrupted during start-up; stopping...", flush=True)
         return 130

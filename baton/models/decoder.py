@@ -181,7 +181,7 @@ class DecoderModel:
         s = self.shape
         h = self.embed[input_ids]
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
-        q_width, kv_width = s.num_heads * s.head_size, s.num_kv_heads * s.head_size
+        q_width = s.num_heads * s.head_size
         plan = kv_rows = None
         if not kv_cache.is_cuda:  # CPU: indices once per step (kernels.paged_cpu), not per layer
             plan = PagedAttentionPlan(

@@ -155,16 +155,19 @@ def test_decode_has_a_disruption_budget(overlay):
 def test_grace_period_covers_prestop_and_drain(overlay):
     _, docs = overlay
     config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
+    drains = {}
     for name, dep in by_kind(docs, "Deployment").items():
         pod = dep["spec"]["template"]["spec"]
         container = pod["containers"][0]
         command = container["lifecycle"]["preStop"]["exec"]["command"]
         assert command[0] == "sleep"
-        drain = 5.0  # the gateway's own shutdown grace
-        for arg in container["args"]:
-            if arg.startswith("--drain-seconds="):
-                drain = float(expand(arg, config, container).split("=", 1)[1])
+        [drain] = [float(expand(arg, config, container).split("=", 1)[1])
+                   for arg in container["args"]
+                   if arg.startswith(("--drain-seconds=", "--shutdown-grace-s="))]
         assert pod["terminationGracePeriodSeconds"] >= int(command[1]) + drain + 5, name
+        drains[name] = drain
+    # the gateway lets streams run as long as decode drains them, not shorter
+    assert drains["baton-gateway"] >= drains["baton-decode"]
 
 
 def test_gpu_requests(overlay):

@@ -2,7 +2,8 @@
 
 It serves DecodeService (Generate streams canned tokens, honouring n, max_tokens, stop strings
 and logprobs; GetStats reports a settable load and block hashes) and the gRPC health service.
-`Behavior` makes it slow, hang, reject, fail mid-stream or end with an error; every request
+`Behavior` makes it slow, hang, pause mid-stream until released, reject, fail mid-stream or
+end with an error; every request
 and every cancellation is recorded so tests can assert on them.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Behavior:
     hang: bool = False                   # accept and never answer
     finish_error: str | None = None      # Finished{ERROR} after the tokens
     cached_tokens: int = 0
+    pause_after: int | None = None       # after this many token steps wait for `resume`
+    resume: asyncio.Event | None = None  # (same event loop: the tests run the fake in-process)
 
 
 @dataclass
@@ -69,6 +72,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         texts, done, emitted = [""] * n, [False] * n, 0
         stops = list(sp.stop)
         for step, (tid, piece) in enumerate(b.tokens[:limit]):
+            if b.pause_after is not None and step == b.pause_after:
+                await b.resume.wait()
             if b.fail_after is not None and step >= b.fail_after:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker died")
             for i in range(n):

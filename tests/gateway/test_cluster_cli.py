@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
+import socket
 import sys
+import threading
 import time
+from pathlib import Path
 
 from baton.cluster import up as cluster
 from baton.cluster.child import Child
@@ -68,3 +73,116 @@ def test_pinned_child_runs_on_its_cpus(tmp_path):
             break
         time.sleep(0.1)
     assert str(sorted(want)) in child.log_path.read_text()
+
+
+def _fake_roles(monkeypatch) -> None:
+    for role in ("prefill", "decode", "gateway"):
+        monkeypatch.setitem(cluster.ROLE_MODULES, role, "tests.gateway.fake_role")
+
+
+def test_port_in_use_fails_before_anything_starts(monkeypatch, capsys, tiny_llama, tmp_path):
+    _fake_roles(monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = cluster.main(["--model", str(tiny_llama), "--log-dir", str(tmp_path),
+                             "--port", str(port), "--startup-timeout", "2"])
+        err = capsys.readouterr().err
+        assert code == 1
+        assert err.strip() == (f"baton up: port {port} on 127.0.0.1 is in use (the gateway's "
+                               f"HTTP port); choose another with --port")
+        code = cluster.main(["--model", str(tiny_llama), "--log-dir", str(tmp_path),
+                             "--port", "0", "--grpc-port", str(port),
+                             "--startup-timeout", "2"])
+        assert code == 1 and "choose another with --grpc-port" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no child was started
+
+
+def _pid_lines(log: Path, count: int) -> list[tuple[int, int]]:
+    """The first `count` `pid=P port=N` lines of a fake role's log (waits, bounded)."""
+    for _ in range(300):
+        found = re.findall(r"pid=(\d+) port=(\d+)", log.read_text() if log.exists() else "")
+        if len(found) >= count:
+            return [(int(p), int(n)) for p, n in found[:count]]
+        time.sleep(0.05)
+    raise AssertionError(f"{log}: fewer than {count} pid lines")
+
+
+def _serving_cluster(monkeypatch, model: Path, log_dir: Path, *flags: str):
+    """Fake roles (with a healthy gateway); run `baton up` in this thread. Returns
+    (run, serving, said): run() → exit status; `serving` is set once the banner is out;
+    `said` collects the supervisor's lines."""
+    _fake_roles(monkeypatch)
+    monkeypatch.setenv("FAKE_ROLE_HEALTH", "1")
+    monkeypatch.delenv("FAKE_ROLE_EXIT", raising=False)
+    serving, said = threading.Event(), []
+    banner = cluster._banner
+    monkeypatch.setattr(cluster, "_banner", lambda a, c: (serving.set(), banner(a, c))[1])
+    say = cluster._say
+    monkeypatch.setattr(cluster, "_say", lambda line: (said.append(line), say(line)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--model", str(model), "--log-dir", str(log_dir), "--port", str(port),
+            "--startup-timeout", "30", "--stop-timeout", "5", "--shutdown-grace-s", "0", *flags]
+    return (lambda: cluster.main(argv)), serving, said
+
+
+def _in_thread(fn, stop_after: bool) -> threading.Thread:
+    """Run fn beside `baton up`; SIGTERM this process (stopping it) when fn fails, or after
+    fn when stop_after."""
+    def run():
+        try:
+            fn()
+        except BaseException:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise
+        if stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_dead_worker_is_restarted_on_its_port(monkeypatch, tmp_path, tiny_llama):
+    run, serving, said = _serving_cluster(monkeypatch, tiny_llama, tmp_path,
+                                          "--restart-delay-s", "0.1")
+    log = tmp_path / "prefill-0.log"
+    pids: list[tuple[int, int]] = []
+
+    def kill_then_stop():
+        assert serving.wait(30)
+        first = _pid_lines(log, 1)[0]
+        os.kill(first[0], signal.SIGKILL)
+        pids.extend(_pid_lines(log, 2))
+        for _ in range(300):  # until the supervisor saw it back (READY)
+            if any("is back" in line for line in said):
+                break
+            time.sleep(0.05)
+
+    chaos = _in_thread(kill_then_stop, stop_after=True)
+    code = run()
+    chaos.join(10)
+    assert code == 0
+    (pid1, port1), (pid2, port2) = pids
+    assert pid1 != pid2 and port1 == port2  # a new process on the same port
+    assert said[0].startswith(f"[baton up] prefill-0 exited with status -9 (SIGKILL); "
+                              f"restart 1 in 0.1 s on port {port1}. The end of {log}:")
+    assert said[1] == f"[baton up] prefill-0 is back on port {port1} (restart 1)"
+    assert len(said) == 2  # nothing else died, nothing stopped the cluster
+
+
+def test_exit_on_child_failure_stops_the_cluster(monkeypatch, tmp_path, tiny_llama):
+    run, serving, said = _serving_cluster(monkeypatch, tiny_llama, tmp_path,
+                                          "--exit-on-child-failure")
+    log = tmp_path / "decode-0.log"
+
+    def kill():
+        assert serving.wait(30)
+        os.kill(_pid_lines(log, 1)[0][0], signal.SIGKILL)
+
+    chaos = _in_thread(kill, stop_after=False)
+    code = run()
+    chaos.join(10)
+    assert code == 1
+    assert said[0].startswith("[baton up] decode-0 exited with status -9 (SIGKILL); stopping.")
+    assert len(_pid_lines(log, 1)) == 1 and "pid=" not in log.read_text().split("\n", 1)[1]

@@ -1,0 +1,81 @@
+"""The flags of `baton up` (build_parser) and the checks made on them before anything starts:
+values that cannot work (bad_flags) and fixed ports already taken (port_taken)."""
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+
+from baton.cluster.plan import fixed_ports
+from baton.cluster.supervise import Backoff
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of `baton up`."""
+    p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
+    p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
+    p.add_argument("--grpc-port", type=int, default=None, help="gateway gRPC front (off)")
+    p.add_argument("--num-prefill", type=int, default=1)
+    p.add_argument("--num-decode", type=int, default=1)
+    p.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
+    p.add_argument("--routing", choices=["session", "kv", "round-robin"], default="session")
+    p.add_argument("--transport", choices=["nixl", "grpc"], default="nixl")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--dtype", default=None, help="worker dtype (default: the workers')")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--min-remote-tokens", type=int, default=None,
+                   help="decode: shortest uncached suffix prefilled remotely")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--pin", choices=["none", "split"], default="none",
+                   help="split: pin prefill and decode workers to disjoint CPU sets")
+    p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
+    p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--exit-on-child-failure", action="store_true",
+                   help="stop the cluster when a child dies (CI) instead of restarting it")
+    p.add_argument("--restart-delay-s", type=float, default=1.0,
+                   help="first restart delay; doubles per death in a row")
+    p.add_argument("--restart-max-delay-s", type=float, default=30.0)
+    p.add_argument("--restart-reset-s", type=float, default=60.0,
+                   help="a child up this long starts its next backoff from the first delay")
+    p.add_argument("--shutdown-grace-s", type=float, default=30.0,
+                   help="on Ctrl-C: seconds the gateway lets running streams finish")
+    p.add_argument("--stop-timeout", type=float, default=15.0,
+                   help="seconds a child may take to stop (the gateway: after its grace)")
+    return p
+
+
+def port_taken(a: argparse.Namespace) -> str | None:
+    """The one-line error for the first fixed port already in use, or None when all are free.
+    Binds each one as the gateway will (SO_REUSEADDR, so a TIME_WAIT leftover is no conflict)."""
+    for p in fixed_ports(a):
+        family = socket.AF_INET6 if ":" in p.host else socket.AF_INET
+        try:
+            socket.create_server((p.host, p.port), family=family).close()
+        except OSError as e:
+            why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+            return f"port {p.port} on {p.host} {why} ({p.what}); choose another with {p.flag}"
+    return None
+
+
+def backoff(a: argparse.Namespace) -> Backoff:
+    """The restart policy the --restart-* flags give (ValueError when they cannot work)."""
+    return Backoff(a.restart_delay_s, a.restart_max_delay_s, a.restart_reset_s)
+
+
+def bad_flags(a: argparse.Namespace) -> str | None:
+    """What is wrong with the flags (one line), or None."""
+    if a.num_decode < 1 or (a.mode == "disaggregated" and a.num_prefill < 1):
+        return "need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)"
+    if a.shutdown_grace_s < 0:
+        return "--shutdown-grace-s must be >= 0"
+    try:
+        backoff(a)
+    except ValueError as e:
+        return f"--restart-delay-s / --restart-max-delay-s / --restart-reset-s: {e}"
+    return None
