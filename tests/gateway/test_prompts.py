@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gateway.prompts import PromptBuilder, PromptError, normalize_message
-from gateway.tool_calls import ToolCallParser
+from gateway.tool_calls import HermesParser as ToolCallParser
 
 # A Qwen2.5-style template: tools in a system block, tool calls rendered with
 # `arguments | tojson` (expects a mapping), tool results as <tool_response>.
