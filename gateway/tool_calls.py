@@ -74,14 +74,10 @@ class HermesParser(ToolParser):
         calls: list[ParsedToolCall] = []
         while True:
             if not self._in_call:
-                i = self._buf.find(OPEN)
-                if i < 0:
-                    keep = partial_suffix(self._buf, OPEN)
-                    out.append(self._buf[:len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
+                content, self._buf, self._in_call = until_marker(self._buf, OPEN)
+                out.append(content)
+                if not self._in_call:
                     break
-                out.append(self._buf[:i])
-                self._buf, self._in_call = self._buf[i + len(OPEN):], True
             else:
                 j = self._buf.find(CLOSE)
                 if j < 0:
@@ -126,6 +122,16 @@ def parse_calls(body: str) -> list[ParsedToolCall] | None:
     items = data if isinstance(data, list) and data else [data]
     calls = [call_from_obj(item) for item in items]
     return None if any(c is None for c in calls) else calls
+
+
+def until_marker(text: str, marker: str) -> tuple[str, str, bool]:
+    """(text before `marker`, text after it, True) when `text` holds the marker; else (the
+    text that cannot be part of it, the held-back suffix that may start it, False)."""
+    i = text.find(marker)
+    if i >= 0:
+        return text[:i], text[i + len(marker):], True
+    keep = partial_suffix(text, marker)
+    return text[:len(text) - keep], text[len(text) - keep:], False
 
 
 def partial_suffix(text: str, tag: str) -> int:

@@ -17,7 +17,7 @@ from gateway.tool_calls import (
     ToolParser,
     json_end,
     parse_calls,
-    partial_suffix,
+    until_marker,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -94,14 +94,10 @@ class MistralParser(ToolParser):
         calls: list[ParsedToolCall] = []
         while True:
             if not self._in_calls:
-                i = self._buf.find(TOOL_CALLS_TAG)
-                if i < 0:
-                    keep = partial_suffix(self._buf, TOOL_CALLS_TAG)
-                    out.append(self._buf[:len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
+                content, self._buf, self._in_calls = until_marker(self._buf, TOOL_CALLS_TAG)
+                out.append(content)
+                if not self._in_calls:
                     break
-                out.append(self._buf[:i])
-                self._buf, self._in_calls = self._buf[i + len(TOOL_CALLS_TAG):], True
                 continue
             body = self._buf.lstrip()
             end = json_end(body) if body[:1] in ("[", "{") else -1
