@@ -7,12 +7,17 @@ Workers come from `--decode` / `--prefill` (comma-separated or repeated) and fro
 `--workers-file` (YAML or JSON: `{decode: [...], prefill: [...]}`, re-read periodically).
 A `host:port` whose host is a name is resolved to its IPv4 (A) records every
 `--dns-refresh-s`; each address is one worker (a Kubernetes headless Service works as is).
+`--chat-template FILE|tokenizer` and `--tool-call-parser NAME`: gateway/chat_templates.py,
+gateway/tool_parsers.py.
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
 from enum import Enum
+
+from gateway.chat_templates import check_chat_template_option
+from gateway.tool_parsers import TOOL_PARSERS
 
 
 class RoutingPolicy(str, Enum):
@@ -75,6 +80,9 @@ class GatewayConfig:
     shutdown_grace_s: after SIGTERM, how long running requests may finish (new ones get
     503) before running streams are ended with an error event; the default matches the
     workers' default --drain-seconds.
+    chat_template: a Jinja file replacing the tokenizer's template, "tokenizer" for the
+    tokenizer's own, None for the default (gateway/chat_templates.py). tool_call_parser: how
+    tool calls are read from the output when a request offers tools (gateway/tool_parsers.py).
     """
 
     model: str = "smollm2-135m"
@@ -91,6 +99,8 @@ class GatewayConfig:
     max_model_len: int | None = None
     block_size: int | None = None
     prefill_mode: PrefillModeChoice = PrefillModeChoice.AUTO
+    chat_template: str | None = None
+    tool_call_parser: str = "hermes"
     max_inflight: int = 1024
     max_attempts: int = 3
     poll_interval_s: float = 0.5
@@ -119,6 +129,10 @@ class GatewayConfig:
             raise ValueError("shutdown_grace_s must be >= 0")
         for addr in (*self.decode, *self.prefill):
             split_host_port(addr)
+        check_chat_template_option(self.chat_template)
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"unknown --tool-call-parser {self.tool_call_parser!r}; known: "
+                             f"{', '.join(sorted(TOOL_PARSERS))}")
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -156,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None,
                    help="KV block size for routing hashes (default: from worker stats)")
     p.add_argument("--prefill-mode", choices=[m.value for m in PrefillModeChoice], default="auto")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja chat template replacing the tokenizer's ('tokenizer': its own; "
+                        "default: a shipped tool-aware one for SmolLM2, else the tokenizer's)")
+    p.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+                   help="format of tool calls in the model's output")
     p.add_argument("--max-inflight", type=int, default=1024)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--poll-interval-s", type=float, default=0.5)
@@ -181,7 +200,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             workers_file=a.workers_file, host=a.host, port=a.port, grpc_host=a.grpc_host,
             grpc_port=a.grpc_port, api_key=a.api_key or None, max_body_bytes=a.max_body_bytes,
             max_model_len=a.max_model_len, block_size=a.block_size,
-            prefill_mode=PrefillModeChoice(a.prefill_mode), max_inflight=a.max_inflight,
+            prefill_mode=PrefillModeChoice(a.prefill_mode), chat_template=a.chat_template,
+            tool_call_parser=a.tool_call_parser, max_inflight=a.max_inflight,
             max_attempts=a.max_attempts, poll_interval_s=a.poll_interval_s,
             dns_refresh_s=a.dns_refresh_s, first_token_timeout_s=a.first_token_timeout_s,
             stream_idle_timeout_s=a.stream_idle_timeout_s,

@@ -4,7 +4,8 @@ A request's life here:
   1. `Guard` (gateway/asgi.py): API key, body size, arrival time.
   2. FastAPI + pydantic parse the body (bad JSON / types → 400 in OpenAI's error shape).
   3. model check (404); unknown fields logged and named in a header (gateway/ignored_fields.py);
-     template + tokenize (gateway/prompts.py), context check (400), SamplingParams
+     template + tokenize (gateway/prompts.py; tools the template drops → a warning, logged
+     once and sent as X-Baton-Warning), context check (400), SamplingParams
      (gateway/protocol.py) → a `TokenizedRequest` per prompt (several prompts in
      /v1/completions run as separate requests merged into one answer: gateway/batch.py).
   4. `Dispatcher.stream(job)` routes and relays the decode worker's messages. For a stream the
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disconnect
 from gateway.batch import merge_streams, prompt_list
+from gateway.chat_templates import TOOLS_IGNORED, WARNING_HEADER, warn_tools_ignored
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.drain import Drain
@@ -47,6 +49,7 @@ from gateway.protocol import (
 from gateway.responses import OutputSpec, collect, sse_events
 from gateway.sessions import session_keys
 from gateway.tokenize_api import TokenizeRoutes
+from gateway.tool_parsers import TOOL_PARSERS
 from gateway.worker_metrics import Target, metrics_url, scrape
 from gateway.workers import DECODE, PREFILL, WorkerPool
 
@@ -118,8 +121,15 @@ class Routes:
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 1024
                    for m in messages)
+        parser = self.config.tool_call_parser if body.parse_tool_calls else None
+        if parser and TOOL_PARSERS[parser].special_markers:
+            body.skip_special_tokens = False  # else the format's marker never reaches the parser
+        warning = None
+        if tools and self.prompts.tools_ignored:
+            warn_tools_ignored()
+            warning = TOOLS_IGNORED
         return await self._run(request, body, "chat", [lambda: self.prompts.chat_token_ids(
-            messages, tools, body.add_generation_prompt)], size, body.parse_tool_calls)
+            messages, tools, body.add_generation_prompt)], size, parser, warning)
 
     async def completions(self, body: CompletionRequest, request: Request):
         try:
@@ -137,18 +147,18 @@ class Routes:
         return self.prompts.check_token_ids(list(prompt))
 
     async def _run(self, request: Request, body, kind: str, ids_fns: list, size: int,
-                   parse_tools: bool = False):
+                   tool_parser: str | None = None, warning: str | None = None):
         """Template/tokenize each prompt, check, dispatch; stream or collect the answer."""
         require_model(body.model, self.model_names)
         ignored = sorted(ignored_fields(body, stream_options=body.stream_options)
                          + body.unenforced_fields)
         self.ignored.note(request.url.path, ignored)
-        headers = ignored_header(ignored)
+        headers = ignored_header(ignored) | ({WARNING_HEADER: warning} if warning else {})
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         jobs = await off_loop_if_large(size, self._jobs, request, body, rid, ids_fns)
         spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n,
                           sum(len(j.prompt_token_ids) for j in jobs), body.num_logprobs,
-                          parse_tools, body.include_usage, num_prompts=len(jobs))
+                          tool_parser, body.include_usage, num_prompts=len(jobs))
         messages = self.dispatcher.stream(jobs[0]) if len(jobs) == 1 else merge_streams(
             [self.dispatcher.stream(j) for j in jobs], body.n)
         if body.stream:

@@ -6,7 +6,9 @@ OpenAI clients send shapes they do not expect:
 - content null (assistant tool-call turns) becomes "" (SmolLM2's template fails on None);
 - tool_calls[].function.arguments arrive as JSON text; templates (Qwen, Hermes) expect a
   mapping, so valid JSON objects are parsed, anything else stays text.
-Tools go to `apply_chat_template(tools=...)`; a template that ignores them is fine.
+Tools go to `apply_chat_template(tools=...)`. The template is the tokenizer's, or the one
+gateway/chat_templates.py chose (`--chat-template`, or a shipped tool-aware one); whether it
+drops tools is found out once (`tools_ignored`) so the gateway can say so.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.chat_templates import resolve_chat_template, tools_ignored
 from gateway.piece_cache import PieceTokenizer
 
 T = TypeVar("T")
@@ -35,19 +38,23 @@ class PromptError(ValueError):
 
 
 class PromptBuilder:
-    """Tokenizer + chat template + context limit of the served model."""
+    """Tokenizer + chat template + context limit of the served model. chat_template: Jinja
+    text that replaces the tokenizer's template (None: the tokenizer's own)."""
 
-    def __init__(self, tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer, max_model_len: int, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.chat_template = chat_template
         self.encoder = PieceTokenizer(tokenizer)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
 
     @classmethod
-    def from_folder(cls, folder: str | Path, max_model_len: int | None = None) -> PromptBuilder:
+    def from_folder(cls, folder: str | Path, max_model_len: int | None = None,
+                    chat_template_option: str | None = None) -> PromptBuilder:
         """Load the tokenizer from a Hugging Face folder; the context limit is max_model_len
-        or the model's max_position_embeddings (ValueError when neither is known)."""
+        or the model's max_position_embeddings (ValueError when neither is known); the
+        template from `--chat-template`'s value (gateway/chat_templates.py)."""
         from transformers import AutoTokenizer
 
         folder = Path(folder)
@@ -57,7 +64,8 @@ class PromptBuilder:
             max_model_len = config.get("max_position_embeddings")
             if not max_model_len:
                 raise ValueError(f"{folder}: no max_position_embeddings; pass --max-model-len")
-        return cls(tokenizer, int(max_model_len))
+        return cls(tokenizer, int(max_model_len),
+                   resolve_chat_template(chat_template_option, tokenizer.chat_template))
 
     def chat_token_ids(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None,
@@ -66,18 +74,24 @@ class PromptBuilder:
         """Render normalized messages through the chat template and tokenize."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
-        if self.tokenizer.chat_template is None:
+        if self.chat_template is None and self.tokenizer.chat_template is None:
             raise PromptError("the served model has no chat template; use /v1/completions",
                               "messages")
         try:
             text = self.tokenizer.apply_chat_template(
                 [normalize_message(m) for m in messages], tools=tools or None,
-                add_generation_prompt=add_generation_prompt, tokenize=False)
+                chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
+                tokenize=False)
         except PromptError:
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault
             raise PromptError(f"chat template failed: {e}", "messages") from e
         return self.encoder.encode(text, add_special_tokens=add_special_tokens)
+
+    @property
+    def tools_ignored(self) -> bool:
+        """Whether the chat template drops `tools` (worked out once per template)."""
+        return tools_ignored(self.tokenizer, self.chat_template)
 
     def text_token_ids(self, text: str) -> list[int]:
         """A completion prompt's token ids (PromptError when empty)."""

@@ -4,8 +4,9 @@
     Finished{index, finish_reason, usage, error}        ─▶  finish_reason, usage
                                                             (ERROR or ABORT → an error)
 
-Chat output goes through the tool-call parser when the request offered tools, so
-`<tool_call>{...}</tool_call>` becomes `message.tool_calls` and finish_reason "tool_calls".
+Chat output goes through the configured tool-call parser (gateway/tool_parsers.py) when the
+request offered tools, so e.g. `<tool_call>{...}</tool_call>` becomes `message.tool_calls` and
+finish_reason "tool_calls".
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.errors import DONE, GatewayError, sse_error
-from gateway.tool_calls import ParsedToolCall, ToolCallParser
+from gateway.tool_calls import ParsedToolCall
+from gateway.tool_parsers import make_tool_parser
 from protos import common_pb2
 
 TokenText = Callable[[int], str]
@@ -25,7 +27,8 @@ _FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGT
 class OutputSpec:
     """How to present one request's output. kind: "chat" or "completion". A request with
     several prompts (gateway/batch.py) has n choices per prompt, choice index
-    prompt_i * n + j, and prompt_len the sum of the prompts' lengths."""
+    prompt_i * n + j, and prompt_len the sum of the prompts' lengths. tool_parser: the
+    parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None."""
 
     kind: str
     response_id: str
@@ -34,7 +37,7 @@ class OutputSpec:
     n: int
     prompt_len: int
     num_logprobs: int | None = None
-    parse_tools: bool = False
+    tool_parser: str | None = None
     include_usage: bool = False
     num_prompts: int = 1
 
@@ -48,12 +51,12 @@ class OutputSpec:
 
 
 class _Choice:
-    def __init__(self, index: int, parse_tools: bool) -> None:
+    def __init__(self, index: int, tool_parser: str | None) -> None:
         self.index = index
         self.text: list[str] = []
         self.num_tokens = 0
         self.logprobs: list[common_pb2.TokenLogprobs] = []
-        self.parser = ToolCallParser() if parse_tools else None
+        self.parser = make_tool_parser(tool_parser) if tool_parser else None
         self.tool_calls: list[ParsedToolCall] = []
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -112,7 +115,7 @@ def _chat_entry(lp, token_text: TokenText) -> dict:
 # ---- one JSON body ---------------------------------------------------------------------------
 async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenText) -> dict:
     """Drain the stream into a chat.completion / text_completion body (GatewayError on failure)."""
-    choices = [_Choice(i, spec.parse_tools) for i in range(spec.num_choices)]
+    choices = [_Choice(i, spec.tool_parser) for i in range(spec.num_choices)]
     usages: dict[int, common_pb2.Usage] = {}
     async for msg in messages:
         if msg.WhichOneof("kind") == "tokens":
@@ -158,7 +161,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
                      token_text: TokenText) -> AsyncIterator[bytes]:
     """The stream as SSE `data:` lines ending in `data: [DONE]`; an error becomes a
     `data: {"error": ...}` event and the stream ends."""
-    choices = [_Choice(i, spec.parse_tools) for i in range(spec.num_choices)]
+    choices = [_Choice(i, spec.tool_parser) for i in range(spec.num_choices)]
     chunk = _ChunkWriter(spec)
     if spec.chat:  # the role chunk goes out with the first token, in one write
         chunk.pending = chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},

@@ -88,7 +88,7 @@ class Gateway:
     def _load_prompts(self) -> PromptBuilder:
         from baton.models.registry import resolve_model
         return PromptBuilder.from_folder(resolve_model(self.config.model),
-                                         self.config.max_model_len)
+                                         self.config.max_model_len, self.config.chat_template)
 
     async def _start_grpc(self) -> None:
         key = self.config.api_key

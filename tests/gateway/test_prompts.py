@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gateway.prompts import PromptBuilder, PromptError, normalize_message
-from gateway.tool_calls import ToolCallParser
+from gateway.tool_calls import HermesParser as ToolCallParser
+from tests.gateway.test_tool_parsers import run
 
 # A Qwen2.5-style template: tools in a system block, tool calls rendered with
 # `arguments | tojson` (expects a mapping), tool results as <tool_response>.
@@ -96,14 +97,8 @@ def test_template_errors_are_prompt_errors(prompts):
 
 
 def feed_all(pieces: list[str]) -> tuple[str, list]:
-    parser = ToolCallParser()
-    out, calls = [], []
-    for piece in pieces:
-        text, new = parser.feed(piece)
-        out.append(text)
-        calls += new
-    text, new = parser.finish()
-    return "".join(out) + text, calls + new
+    text, calls, _ = run("hermes", pieces)
+    return text, calls
 
 
 def test_tool_call_parser_pieces_and_holdback():

@@ -1,0 +1,135 @@
+"""Named tool-call parsers (`--tool-call-parser NAME`), as vLLM names them.
+
+    hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (gateway/tool_calls.py)
+    llama3_json  {"name": ..., "parameters": {...}} as the whole output, possibly after
+                 <|python_tag|>; several calls separated by ";"
+    mistral      [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+
+All share the incremental contract of gateway/tool_calls.py (`feed` / `finish`, nothing
+partial leaks into content).
+"""
+from __future__ import annotations
+
+from gateway.tool_calls import (
+    Fed,
+    HermesParser,
+    ParsedToolCall,
+    ToolParser,
+    json_end,
+    parse_calls,
+    until_marker,
+)
+
+PYTHON_TAG = "<|python_tag|>"
+TOOL_CALLS_TAG = "[TOOL_CALLS]"
+
+
+class Llama3JsonParser(ToolParser):
+    """Llama 3.x JSON tool calls: only an output that *starts* (after whitespace) with `{` or
+    `<|python_tag|>` is a call; anything else is content from its first character on."""
+
+    name = "llama3_json"
+    special_markers = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = ""
+        self._state = "start"  # start → calls → content (for good) | start → content
+
+    def feed(self, text: str) -> Fed:
+        self._buf += text
+        if self._state == "start":
+            head = self._buf.lstrip()
+            if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+                return "", []
+            if head.startswith(PYTHON_TAG):
+                self._buf, self._state = head[len(PYTHON_TAG):], "calls"
+            elif head.startswith("{"):
+                self._buf, self._state = head, "calls"
+            else:
+                self._state = "content"
+        if self._state == "content":
+            out, self._buf = self._buf, ""
+            return out, []
+        return self._calls()
+
+    def _calls(self) -> Fed:
+        calls: list[ParsedToolCall] = []
+        while True:
+            rest = self._buf.lstrip().lstrip(";").lstrip()
+            if not rest or (rest.startswith("{") and json_end(rest) is None):
+                self._buf = rest
+                break
+            end = json_end(rest) if rest.startswith("{") else None
+            parsed = parse_calls(rest[:end]) if end else None
+            if parsed is None:  # not a call after all: the rest is content
+                self._state, self._buf = "content", ""
+                self.calls += calls
+                return rest, calls
+            calls += parsed
+            self._buf = rest[end:]
+        self.calls += calls
+        return "", calls
+
+    def finish(self) -> Fed:
+        rest, self._buf = self._buf, ""
+        return rest, []
+
+
+class MistralParser(ToolParser):
+    """Mistral's `[TOOL_CALLS]` followed by a JSON array of calls (or one call object);
+    content may come before it."""
+
+    name = "mistral"
+    special_markers = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = ""
+        self._in_calls = False
+
+    def feed(self, text: str) -> Fed:
+        self._buf += text
+        out: list[str] = []
+        calls: list[ParsedToolCall] = []
+        while True:
+            if not self._in_calls:
+                content, self._buf, self._in_calls = until_marker(self._buf, TOOL_CALLS_TAG)
+                out.append(content)
+                if not self._in_calls:
+                    break
+                continue
+            body = self._buf.lstrip()
+            end = json_end(body) if body[:1] in ("[", "{") else -1
+            if not body or end is None:
+                break  # the array is still open
+            parsed = parse_calls(body[:end]) if end > 0 else None
+            if parsed is None:
+                out.append(TOOL_CALLS_TAG + self._buf)
+                self._buf = ""
+            else:
+                calls += parsed
+                self._buf = body[end:]
+            self._in_calls = False
+        self.calls += calls
+        return "".join(out), calls
+
+    def finish(self) -> Fed:
+        rest, self._buf = self._buf, ""
+        if self._in_calls:
+            self._in_calls = False
+            return TOOL_CALLS_TAG + rest, []
+        return rest, []
+
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
+
+
+def make_tool_parser(name: str) -> ToolParser:
+    """A fresh parser of the named format (ValueError naming the known ones)."""
+    try:
+        return TOOL_PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: "
+                         f"{', '.join(sorted(TOOL_PARSERS))}") from None
