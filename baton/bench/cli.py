@@ -24,6 +24,7 @@ from baton.bench.report import (
     plot_cdfs,
     plot_tradeoff,
     print_summary,
+    typed_args,
     write_json,
     write_records,
 )
@@ -128,7 +129,7 @@ def write_outputs(out: Path, args, argv: list[str], target: dict, info, results,
         "version": 1, "created": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "baton bench " + " ".join(argv), "machine": machine(start),
         "target": target,
-        "workload": {**vars(info), "args": {k: str(v) for k, v in vars(args).items()}},
+        "workload": {**vars(info), "args": typed_args(args)},
         "slo": {"ttft_s": args.slo_ttft, "itl_s": args.slo_itl},
         "levels": [{"concurrency": c, "sessions_started": r.sessions_started,
                     "sessions_finished": r.sessions_finished, "summary": s.to_dict()}

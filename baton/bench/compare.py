@@ -48,6 +48,7 @@ from baton.bench.report import (
     machine,
     plot_cdfs,
     print_summary,
+    typed_args,
     write_json,
     write_records,
 )
@@ -212,7 +213,7 @@ def main(argv: list[str]) -> int:
     write_json(out / "report.json", {
         "version": 1, "kind": "compare", "created": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "baton bench compare " + " ".join(argv), "machine": machine(start),
-        "workload": vars(info), "args": {k: str(v) for k, v in vars(args).items()},
+        "workload": vars(info), "args": typed_args(args),
         "failed": failed,
         "rows": [{"name": r.name, "reference": r.reference, "server": r.server,
                   "ratios": dict(zip(("vs", "p90_ttft_x", "p99_itl_x", "tok_s_x"),

@@ -29,7 +29,26 @@ def machine(start: dict | None = None) -> dict:
             "loadavg_start": load}
 
 
+def json_value(value):
+    """`value` as a JSON-native type: Paths as strings, tuples and lists as lists, other
+    unknown objects as their str(); None, bools and numbers stay what they are."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    return str(value)
+
+
+def typed_args(args) -> dict:
+    """The parsed command line for report.json, each flag with its JSON-native type."""
+    return {k: json_value(v) for k, v in sorted(vars(args).items())}
+
+
 def write_json(path: Path, data: dict) -> None:
+    """`data` as indented JSON (str() remains the last resort, so a long run's report is
+    never lost to one odd value; `typed_args` keeps the arguments typed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 

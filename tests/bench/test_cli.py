@@ -21,6 +21,10 @@ def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
         assert s["measured"] > 0 and s["errors"] == 0
         assert s["ttft"]["p50"] > 0 and s["prefix_hit_actual"] is not None
     assert report["workload"]["name"] == "synthetic" and report["machine"]["cpus"]
+    args = report["workload"]["args"]  # JSON-native types, not "True"/"None" strings
+    assert args["no_progress"] is True and args["no_plots"] is False
+    assert args["max_turns"] is None and args["duration"] == 1.5
+    assert args["synthetic_sessions"] == 6 and args["output"] == str(out)
     for name in ("latency_cdf.png", "throughput_vs_interactivity.png", "requests-c1.jsonl",
                  "requests-c2.jsonl"):
         assert (out / name).stat().st_size > 0
