@@ -15,6 +15,10 @@ the deadline plus grace), and every rate divides by its length.
     prefix hit      actual = Σ cached_tokens / Σ prompt_tokens (server usage);
                     theoretical = Σ hit(r) / Σ our prompt tokens (prepare.py's definition);
                     global = the same counting earlier requests of any session (16-token blocks)
+                    Actual counts the server's tokens, the bounds count ours (template and
+                    tokenizer may differ), and the server's cache also holds prefixes shared
+                    across sessions: actual can exceed the session-tree bound, so the two are
+                    reported side by side and never as a ratio.
 """
 from __future__ import annotations
 
@@ -77,13 +81,6 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @property
-    def hit_ratio(self) -> float | None:
-        """Actual prefix hit as a fraction of the theoretical (session-tree) maximum."""
-        if self.prefix_hit_actual is None or not self.prefix_hit_theoretical:
-            return None
-        return self.prefix_hit_actual / self.prefix_hit_theoretical
 
 
 def _error_kind(err: str) -> str:

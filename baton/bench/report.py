@@ -89,10 +89,11 @@ METRIC_ROWS = [
     ("p90 interactivity tok/s/user", lambda s: _fmt(s.p90_interactivity)),
     ("goodput req/s (SLO met)", lambda s: f"{_fmt(s.goodput_per_s, digits=2)} "
                                           f"({_pct(s.slo_attainment)})"),
-    ("prefix hit actual", lambda s: _pct(s.prefix_hit_actual)),
-    ("prefix hit theoretical (session)", lambda s: _pct(s.prefix_hit_theoretical)),
-    ("prefix hit theoretical (global)", lambda s: _pct(s.prefix_hit_global)),
-    ("actual / theoretical", lambda s: _pct(s.hit_ratio)),
+    # The server row counts the server's tokens (and its cache may hold prefixes other
+    # sessions share); the bounds count ours: the rows are not a ratio of one another.
+    ("prefix hit, server (cached/prompt tokens)", lambda s: _pct(s.prefix_hit_actual)),
+    ("prefix hit, session-tree bound (our count)", lambda s: _pct(s.prefix_hit_theoretical)),
+    ("prefix hit, any-session bound (our count)", lambda s: _pct(s.prefix_hit_global)),
 ]
 
 

@@ -29,7 +29,7 @@ def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
                  "requests-c2.jsonl"):
         assert (out / name).stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "p90 interactivity" in printed and "prefix hit actual" in printed
+    assert "p90 interactivity" in printed and "prefix hit, server (cached/prompt tokens)" in printed
 
 
 def test_bench_tau_bench_chat(fake, traces, tmp_path):

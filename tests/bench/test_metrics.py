@@ -82,7 +82,6 @@ def test_prefix_hit_actual_vs_theoretical():
     assert s.prefix_hit_actual == pytest.approx(192 / 400)
     assert s.prefix_hit_theoretical == pytest.approx(200 / 400)
     assert s.prefix_hit_global == pytest.approx(224 / 400)
-    assert s.hit_ratio == pytest.approx(0.96)
 
 
 def test_prefix_hit_unknown_without_usage():
