@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import secrets
 import sys
@@ -19,6 +20,7 @@ from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.prepare import Preparer
 from baton.bench.report import (
+    REPORT_VERSION,
     default_output_dir,
     machine,
     plot_cdfs,
@@ -29,6 +31,7 @@ from baton.bench.report import (
     write_records,
 )
 from baton.bench.runner import RunConfig, RunResult, run_workload
+from baton.bench.server_info import client_version, probe_server
 from baton.bench.tokens import TokenCounter
 from baton.bench.workload import Session, describe
 
@@ -103,21 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {info.name}: {info.sessions} sessions, {info.requests} requests "
           f"({'chars/4 estimate' if counter.approximate else 'model tokenizer'})", flush=True)
     salt = secrets.token_hex(4)
-    target = {"url": args.url, "model": args.model, "server": None}
     start = machine()
-    if args.url:
-        results = run_levels(args.url.rstrip("/"), args, sessions, counter, levels, salt)
-    else:
-        spec = cluster_spec(args)
-        target["server"] = spec.describe()
-        try:
-            with running_server(spec, args.model, out / "server.log",
-                                args.startup_timeout) as url:
-                target["url"] = url
-                results = run_levels(url, args, sessions, counter, levels, salt)
-        except ServerStartError as exc:
-            print(f"[bench] {exc}", file=sys.stderr)
-            return 1
+    spec = None if args.url else cluster_spec(args)
+    try:
+        with (running_server(spec, args.model, out / "server.log", args.startup_timeout)
+              if spec else contextlib.nullcontext(args.url.rstrip("/"))) as url:
+            target = {"url": url, "model": args.model,
+                      "server": spec.describe() if spec else None,
+                      "answers": probe_server(url)}
+            results = run_levels(url, args, sessions, counter, levels, salt)
+    except ServerStartError as exc:
+        print(f"[bench] {exc}", file=sys.stderr)
+        return 1
     write_outputs(out, args, argv, target, info, results, start)
     return 0
 
@@ -126,8 +126,9 @@ def write_outputs(out: Path, args, argv: list[str], target: dict, info, results,
                   start: dict) -> None:
     labels = [f"c={c}" for c, _, _ in results]
     report = {
-        "version": 1, "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "baton bench " + " ".join(argv), "machine": machine(start),
+        "version": REPORT_VERSION, "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "baton bench " + " ".join(argv), "baton": client_version(),
+        "machine": machine(start),
         "target": target,
         "workload": {**vars(info), "args": typed_args(args)},
         "slo": {"ttft_s": args.slo_ttft, "itl_s": args.slo_itl},

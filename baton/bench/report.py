@@ -11,7 +11,7 @@ from pathlib import Path
 from baton.bench.client import RequestRecord
 from baton.bench.metrics import Summary
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: typed args, "baton", target.answers, by_turn, workers
 
 
 def default_output_dir() -> Path:

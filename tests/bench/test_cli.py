@@ -21,6 +21,8 @@ def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
         assert s["measured"] > 0 and s["errors"] == 0
         assert s["ttft"]["p50"] > 0 and s["prefix_hit_actual"] is not None
     assert report["workload"]["name"] == "synthetic" and report["machine"]["cpus"]
+    assert report["baton"]["version"] and "commit" in report["baton"]
+    assert report["target"]["answers"]["version"] == {"version": "9.9.9", "commit": "abc123"}
     args = report["workload"]["args"]  # JSON-native types, not "True"/"None" strings
     assert args["no_progress"] is True and args["no_plots"] is False
     assert args["max_turns"] is None and args["duration"] == 1.5
