@@ -26,6 +26,7 @@ from baton.bench.report import (
     plot_cdfs,
     plot_tradeoff,
     print_summary,
+    print_turns,
     typed_args,
     write_json,
     write_records,
@@ -147,4 +148,5 @@ def write_outputs(out: Path, args, argv: list[str], target: dict, info, results,
                       {lab: s for lab, (_, _, s) in zip(labels, results)})
     print_summary(labels, [s for _, _, s in results],
                   f"baton bench: {info.name}, {args.mode} loop, {args.duration:g} s per level")
+    print_turns(labels, [s for _, _, s in results])
     print(f"[bench] wrote {out}/report.json")

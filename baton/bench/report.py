@@ -119,6 +119,32 @@ def print_summary(labels: list[str], summaries: list[Summary], title: str) -> No
     console().print(table)
 
 
+def _turn_cell(t) -> str:
+    if t is None:
+        return "-"
+    return (f"{t.requests} · {_fmt(t.ttft_p50, 1e3, 0)}/{_fmt(t.ttft_p90, 1e3, 0)} ms · "
+            f"{_pct(t.cached_fraction)} ({_pct(t.bound_fraction)})")
+
+
+def print_turns(labels: list[str], summaries: list[Summary], max_turns: int = 40) -> None:
+    """The agent view: one row per turn index, one column per run (requests · TTFT p50/p90 ·
+    mean server cached fraction (our session-tree bound))."""
+    from rich.table import Table
+
+    turns = sorted({t.turn for s in summaries for t in s.by_turn})
+    if not turns:
+        return
+    table = Table(title="by turn index: requests · TTFT p50/p90 · cached, server (bound)",
+                  caption=f"first {max_turns} turn indices" if len(turns) > max_turns else None)
+    table.add_column("turn", justify="right")
+    for label in labels:
+        table.add_column(label, justify="right")
+    rows = [{t.turn: t for t in s.by_turn} for s in summaries]
+    for turn in turns[:max_turns]:
+        table.add_row(str(turn), *(_turn_cell(r.get(turn)) for r in rows))
+    console().print(table)
+
+
 def _cdf(ax, values: list[float], label: str) -> None:
     import numpy as np
 

@@ -30,7 +30,11 @@ def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
     for name in ("latency_cdf.png", "throughput_vs_interactivity.png", "requests-c1.jsonl",
                  "requests-c2.jsonl"):
         assert (out / name).stat().st_size > 0
+    turns = report["levels"][0]["summary"]["by_turn"]
+    assert turns[0]["turn"] == 0 and turns[0]["ttft_p50"] > 0
+    assert turns[1]["cached_fraction"] > turns[0]["cached_fraction"]
     printed = capsys.readouterr().out
+    assert "by turn index" in printed
     assert "p90 interactivity" in printed and "prefix hit, server (cached/prompt tokens)" in printed
 
 
