@@ -41,12 +41,12 @@ from baton.bench.client import RequestRecord
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.prepare import Preparer
+from baton.bench.plots import plot_cdfs
 from baton.bench.report import (
     _fmt,
     console,
     default_output_dir,
     machine,
-    plot_cdfs,
     print_summary,
     typed_args,
     write_json,

@@ -1,4 +1,4 @@
-"""report.json, per-request JSONL, PNG plots and the printed tables."""
+"""report.json, per-request JSONL and the printed tables (the plots are in plots.py)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -143,64 +143,3 @@ def print_turns(labels: list[str], summaries: list[Summary], max_turns: int = 40
     for turn in turns[:max_turns]:
         table.add_row(str(turn), *(_turn_cell(r.get(turn)) for r in rows))
     console().print(table)
-
-
-def _cdf(ax, values: list[float], label: str) -> None:
-    import numpy as np
-
-    if not values:
-        return
-    x = np.sort(np.asarray(values))
-    y = np.arange(1, len(x) + 1) / len(x)
-    ax.plot(x, y, label=label)
-
-
-def plot_cdfs(path: Path, runs: dict[str, list[RequestRecord]], warmup_s: float) -> None:
-    """Latency CDFs (TTFT, TPOT, ITL, E2E), one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    panels = [("TTFT (ms)", lambda r: [r.ttft * 1e3]), ("TPOT (ms)",
-              lambda r: [r.tpot * 1e3] if r.tpot is not None else []),
-              ("ITL (ms)", lambda r: [x * 1e3 for x in r.itls()]), ("E2E (s)", lambda r: [r.e2e])]
-    for ax, (name, get) in zip(axes.flat, panels):
-        for label, records in runs.items():
-            ok = [r for r in records if r.ok and r.start >= warmup_s]
-            _cdf(ax, [v for r in ok for v in get(r)], label)
-        ax.set_xlabel(name)
-        ax.set_ylabel("fraction of requests" if name != "ITL (ms)" else "fraction of gaps")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_tradeoff(path: Path, points: dict[str, Summary]) -> None:
-    """Output throughput vs p90 interactivity, one point per concurrency level (or config)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    xs, ys = [], []
-    for label, s in points.items():
-        if s.p90_interactivity is None:
-            continue
-        xs.append(s.p90_interactivity)
-        ys.append(s.output_tokens_per_s)
-        ax.annotate(label, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4))
-    ax.plot(xs, ys, "o-")
-    ax.set_xlabel("p90 interactivity (tokens/s/user)")
-    ax.set_ylabel("output throughput (tokens/s)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
