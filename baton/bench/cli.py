@@ -19,8 +19,8 @@ from typing import NamedTuple
 from baton.bench.args import add_run_args, add_workload_args, counter_for, load_workload
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
-from baton.bench.prepare import Preparer
 from baton.bench.plots import plot_cdfs, plot_tradeoff, plot_turns, plot_workers
+from baton.bench.prepare import Preparer
 from baton.bench.report import (
     REPORT_VERSION,
     default_output_dir,

@@ -103,5 +103,7 @@ def test_compare_running_servers(tmp_path, capsys):
     rows = {r["name"]: r for r in report["rows"]}
     assert set(rows) == {"colocated", "disaggregated"}
     assert rows["disaggregated"]["reference"] == "colocated"
+    assert rows["colocated"]["answers"]["version"]["version"] == "9.9.9"
+    assert report["baton"]["version"] and report["args"]["concurrency"] == "2"
     assert float(rows["disaggregated"]["ratios"]["p90_ttft_x"].rstrip("×")) > 1.0
     assert "p90 TTFT ×" in capsys.readouterr().out
