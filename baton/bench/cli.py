@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import secrets
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from baton.bench.args import add_run_args, add_workload_args, counter_for, load_workload
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
+from baton.bench.plots import plot_cdfs, plot_tradeoff, plot_turns, plot_workers
 from baton.bench.prepare import Preparer
 from baton.bench.report import (
+    REPORT_VERSION,
     default_output_dir,
     machine,
-    plot_cdfs,
-    plot_tradeoff,
     print_summary,
+    print_turns,
+    typed_args,
     write_json,
     write_records,
 )
 from baton.bench.runner import RunConfig, RunResult, run_workload
+from baton.bench.server_info import client_version, probe_server
 from baton.bench.tokens import TokenCounter
+from baton.bench.worker_poll import WorkerPoller, WorkerSeries
 from baton.bench.workload import Session, describe
 
 QUICK = dict(workload="synthetic", concurrency="2", duration=50.0, warmup=5.0, grace=5.0,
@@ -36,8 +42,30 @@ QUICK = dict(workload="synthetic", concurrency="2", duration=50.0, warmup=5.0, g
              time_scale=0.25, max_context_tokens=2048)
 
 
+class Level(NamedTuple):
+    """One concurrency level's run: its records, their summary, the workers' time series."""
+
+    concurrency: int
+    result: RunResult
+    summary: Summary
+    workers: WorkerSeries
+
+
+async def measure(cfg: RunConfig, sessions: list[Session], preparer: Preparer
+                  ) -> tuple[RunResult, WorkerSeries]:
+    """One run, with the gateway's worker metrics polled beside it."""
+    poller = WorkerPoller(cfg.url)
+    polling = asyncio.create_task(poller.run())
+    try:
+        result = await run_workload(cfg, sessions, preparer)
+    finally:
+        poller.stop()
+        await polling
+    return result, poller.series(result.t0)
+
+
 def run_levels(url: str, args, sessions: list[Session], counter: TokenCounter,
-               levels: list[int], salt: str) -> list[tuple[int, RunResult, Summary]]:
+               levels: list[int], salt: str) -> list[Level]:
     """One run per concurrency level against `url`, each with its own cache-bust salt."""
     out = []
     for c in levels:
@@ -46,9 +74,9 @@ def run_levels(url: str, args, sessions: list[Session], counter: TokenCounter,
                         session_rate=args.session_rate, progress=not args.no_progress,
                         seed=args.seed)
         preparer = Preparer(counter, f"{salt}-c{c}", args.prompt_format, args.max_context_tokens)
-        result = asyncio.run(run_workload(cfg, sessions, preparer))
-        out.append((c, result, summarize(result.records, result.warmup_s, result.end_s,
-                                         Slo(args.slo_ttft, args.slo_itl))))
+        result, workers = asyncio.run(measure(cfg, sessions, preparer))
+        out.append(Level(c, result, summarize(result.records, result.warmup_s, result.end_s,
+                                              Slo(args.slo_ttft, args.slo_itl)), workers))
     return out
 
 
@@ -102,47 +130,72 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {info.name}: {info.sessions} sessions, {info.requests} requests "
           f"({'chars/4 estimate' if counter.approximate else 'model tokenizer'})", flush=True)
     salt = secrets.token_hex(4)
-    target = {"url": args.url, "model": args.model, "server": None}
     start = machine()
-    if args.url:
-        results = run_levels(args.url.rstrip("/"), args, sessions, counter, levels, salt)
-    else:
-        spec = cluster_spec(args)
-        target["server"] = spec.describe()
-        try:
-            with running_server(spec, args.model, out / "server.log",
-                                args.startup_timeout) as url:
-                target["url"] = url
-                results = run_levels(url, args, sessions, counter, levels, salt)
-        except ServerStartError as exc:
-            print(f"[bench] {exc}", file=sys.stderr)
-            return 1
+    spec = None if args.url else cluster_spec(args)
+    try:
+        with (running_server(spec, args.model, out / "server.log", args.startup_timeout)
+              if spec else contextlib.nullcontext(args.url.rstrip("/"))) as url:
+            target = {"url": url, "model": args.model,
+                      "server": spec.describe() if spec else None,
+                      "answers": probe_server(url)}
+            results = run_levels(url, args, sessions, counter, levels, salt)
+    except ServerStartError as exc:
+        print(f"[bench] {exc}", file=sys.stderr)
+        return 1
     write_outputs(out, args, argv, target, info, results, start)
     return 0
 
 
-def write_outputs(out: Path, args, argv: list[str], target: dict, info, results,
-                  start: dict) -> None:
-    labels = [f"c={c}" for c, _, _ in results]
+def run_title(args, target: dict) -> str:
+    """The run's configuration in one line, for the plots' titles."""
+    server = target["server"]["name"] if target.get("server") else target["url"]
+    return (f"{args.workload} · {args.mode} loop · concurrency {args.concurrency} · "
+            f"{args.duration:g} s per level · {server}")
+
+
+def write_outputs(out: Path, args, argv: list[str], target: dict, info,
+                  results: list[Level], start: dict) -> None:
+    """report.json, the per-request records, the plots and the printed tables."""
+    labels = [f"c={lv.concurrency}" for lv in results]
     report = {
-        "version": 1, "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "baton bench " + " ".join(argv), "machine": machine(start),
+        "version": REPORT_VERSION, "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "baton bench " + " ".join(argv), "baton": client_version(),
+        "machine": machine(start),
         "target": target,
-        "workload": {**vars(info), "args": {k: str(v) for k, v in vars(args).items()}},
+        "workload": {**vars(info), "args": typed_args(args)},
         "slo": {"ttft_s": args.slo_ttft, "itl_s": args.slo_itl},
-        "levels": [{"concurrency": c, "sessions_started": r.sessions_started,
-                    "sessions_finished": r.sessions_finished, "summary": s.to_dict()}
-                   for c, r, s in results],
+        "levels": [{"concurrency": lv.concurrency,
+                    "sessions_started": lv.result.sessions_started,
+                    "sessions_finished": lv.result.sessions_finished,
+                    "summary": lv.summary.to_dict(), "workers": lv.workers.to_dict()}
+                   for lv in results],
     }
     write_json(out / "report.json", report)
-    for c, r, _ in results:
-        write_records(out / f"requests-c{c}.jsonl", r.records)
+    for lv in results:
+        write_records(out / f"requests-c{lv.concurrency}.jsonl", lv.result.records)
     if not args.no_plots:
-        plot_cdfs(out / "latency_cdf.png", {lab: r.records for lab, (_, r, _) in
-                                            zip(labels, results)}, args.warmup)
-    if len(results) > 1 and not args.no_plots:
-        plot_tradeoff(out / "throughput_vs_interactivity.png",
-                      {lab: s for lab, (_, _, s) in zip(labels, results)})
-    print_summary(labels, [s for _, _, s in results],
+        write_plots(out, args, run_title(args, target), labels, results)
+    print_summary(labels, [lv.summary for lv in results],
                   f"baton bench: {info.name}, {args.mode} loop, {args.duration:g} s per level")
+    print_turns(labels, [lv.summary for lv in results])
+    for label, lv in zip(labels, results):
+        w = lv.workers
+        print(f"[bench] {label} workers: " + (f"{len(w.workers)} polled {w.polls} times"
+                                              if w.available else w.note), flush=True)
     print(f"[bench] wrote {out}/report.json")
+
+
+def write_plots(out: Path, args, title: str, labels: list[str], results: list[Level]) -> None:
+    """Every PNG of the run (see plots.py); the worker plots only where there is a series."""
+    slo = Slo(args.slo_ttft, args.slo_itl)
+    plot_cdfs(out / "latency_cdf.png", {lab: lv.result.records for lab, lv in
+                                        zip(labels, results)}, args.warmup, title, slo)
+    plot_turns(out / "ttft_by_turn.png", {lab: lv.summary.by_turn for lab, lv in
+                                          zip(labels, results)}, title, slo)
+    if len(results) > 1:
+        plot_tradeoff(out / "throughput_vs_interactivity.png",
+                      {lab: lv.summary for lab, lv in zip(labels, results)}, title)
+    for label, lv in zip(labels, results):
+        if lv.workers.workers:
+            plot_workers(out / f"workers-c{lv.concurrency}.png", lv.workers,
+                         f"{title} · {label}")

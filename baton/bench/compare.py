@@ -40,18 +40,21 @@ from baton.bench.args import add_run_args, add_workload_args, counter_for, load_
 from baton.bench.client import RequestRecord
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
+from baton.bench.plots import plot_cdfs
 from baton.bench.prepare import Preparer
 from baton.bench.report import (
+    REPORT_VERSION,
     _fmt,
     console,
     default_output_dir,
     machine,
-    plot_cdfs,
     print_summary,
+    typed_args,
     write_json,
     write_records,
 )
 from baton.bench.runner import RunConfig, run_workload
+from baton.bench.server_info import client_version, probe_server
 from baton.bench.workload import Session, describe
 
 _D, _C = "disaggregated", "colocated"
@@ -90,6 +93,7 @@ class Row:
     summary: Summary
     records: list[RequestRecord]
     server: dict | None
+    answers: dict | None = None     # the server's GET /version and /v1/models (server_info)
 
 
 def _run(url: str, args, sessions: list[Session], counter, salt: str, duration: float,
@@ -189,7 +193,8 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tupl
                 print(f"[compare] {name} at {base}", flush=True)
                 records, summary = _run(base, args, work, counter, f"{salt}-{name}", duration,
                                         warmup)
-                rows[name] = Row(name, ref, summary, records, spec.describe() if spec else None)
+                rows[name] = Row(name, ref, summary, records, spec.describe() if spec else None,
+                                 probe_server(base))
                 if need_slice and not is_hf and SLICE not in rows:
                     records, summary = _run(base, args, slice_sessions, counter,
                                             f"{salt}-slice", args.baseline_duration, 0.0)
@@ -210,11 +215,14 @@ def main(argv: list[str]) -> int:
     rows, failed = _measure(args, _targets(args), sessions, counter, out)
     info = describe(args.workload, sessions)
     write_json(out / "report.json", {
-        "version": 1, "kind": "compare", "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "baton bench compare " + " ".join(argv), "machine": machine(start),
-        "workload": vars(info), "args": {k: str(v) for k, v in vars(args).items()},
+        "version": REPORT_VERSION, "kind": "compare",
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "baton bench compare " + " ".join(argv), "baton": client_version(),
+        "machine": machine(start),
+        "workload": vars(info), "args": typed_args(args),
         "failed": failed,
         "rows": [{"name": r.name, "reference": r.reference, "server": r.server,
+                  "answers": r.answers,
                   "ratios": dict(zip(("vs", "p90_ttft_x", "p99_itl_x", "tok_s_x"),
                                      ratio_cells(r, rows))),
                   "summary": r.summary.to_dict()} for r in rows.values()]})

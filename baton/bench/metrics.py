@@ -15,6 +15,14 @@ the deadline plus grace), and every rate divides by its length.
     prefix hit      actual = Σ cached_tokens / Σ prompt_tokens (server usage);
                     theoretical = Σ hit(r) / Σ our prompt tokens (prepare.py's definition);
                     global = the same counting earlier requests of any session (16-token blocks)
+                    Actual counts the server's tokens, the bounds count ours (template and
+                    tokenizer may differ), and the server's cache also holds prefixes shared
+                    across sessions: actual can exceed the session-tree bound, so the two are
+                    reported side by side and never as a ratio.
+    by turn         the agent view: per turn index (0 = a session's first request, subagents
+                    counted from their own first), measured requests, TTFT p50/p90 and the
+                    mean per-request cached fraction (server cached/prompt tokens; and our
+                    session-tree bound, hit(r) / our prompt tokens)
 """
 from __future__ import annotations
 
@@ -52,6 +60,36 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class TurnStats:
+    """One row of the per-turn table (see "by turn" above)."""
+
+    turn: int
+    requests: int
+    ttft_p50: float
+    ttft_p90: float
+    cached_fraction: float | None    # mean of cached_tokens / prompt_tokens (server usage)
+    bound_fraction: float | None     # mean of theo_hit / expected_prompt_tokens (ours)
+
+
+def by_turn(ok: list[RequestRecord]) -> tuple[TurnStats, ...]:
+    """TTFT and cache hit by turn index, over measured requests, turns in order."""
+    turns: dict[int, list[RequestRecord]] = {}
+    for r in ok:
+        turns.setdefault(r.turn_index, []).append(r)
+    rows = []
+    for turn in sorted(turns):
+        rs = turns[turn]
+        ttft = np.percentile([r.ttft for r in rs], (50, 90))
+        cached = [r.cached_tokens / r.prompt_tokens for r in rs
+                  if r.cached_tokens is not None and r.prompt_tokens]
+        bound = [r.theo_hit / r.expected_prompt_tokens for r in rs if r.expected_prompt_tokens]
+        rows.append(TurnStats(turn, len(rs), float(ttft[0]), float(ttft[1]),
+                              float(np.mean(cached)) if cached else None,
+                              float(np.mean(bound)) if bound else None))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
 class Summary:
     measured: int
     warmup: int
@@ -74,16 +112,10 @@ class Summary:
     prefix_hit_global: float | None
     prompt_tokens: int
     cached_tokens: int | None
+    by_turn: tuple[TurnStats, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @property
-    def hit_ratio(self) -> float | None:
-        """Actual prefix hit as a fraction of the theoretical (session-tree) maximum."""
-        if self.prefix_hit_actual is None or not self.prefix_hit_theoretical:
-            return None
-        return self.prefix_hit_actual / self.prefix_hit_theoretical
 
 
 def _error_kind(err: str) -> str:
@@ -129,5 +161,5 @@ def summarize(records: list[RequestRecord], warmup_s: float, end_s: float,
                            if with_usage else None),
         prefix_hit_theoretical=sum(r.theo_hit for r in ok) / ours if ours else None,
         prefix_hit_global=sum(r.global_hit for r in ok) / ours if ours else None,
-        prompt_tokens=prompt, cached_tokens=cached,
+        prompt_tokens=prompt, cached_tokens=cached, by_turn=by_turn(ok),
     )

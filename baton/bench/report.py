@@ -1,4 +1,4 @@
-"""report.json, per-request JSONL, PNG plots and the printed tables."""
+"""report.json, per-request JSONL and the printed tables (the plots are in plots.py)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,7 +11,7 @@ from pathlib import Path
 from baton.bench.client import RequestRecord
 from baton.bench.metrics import Summary
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: typed args, "baton", target.answers, by_turn, workers
 
 
 def default_output_dir() -> Path:
@@ -29,7 +29,26 @@ def machine(start: dict | None = None) -> dict:
             "loadavg_start": load}
 
 
+def json_value(value):
+    """`value` as a JSON-native type: Paths as strings, tuples and lists as lists, other
+    unknown objects as their str(); None, bools and numbers stay what they are."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    return str(value)
+
+
+def typed_args(args) -> dict:
+    """The parsed command line for report.json, each flag with its JSON-native type."""
+    return {k: json_value(v) for k, v in sorted(vars(args).items())}
+
+
 def write_json(path: Path, data: dict) -> None:
+    """`data` as indented JSON (str() remains the last resort, so a long run's report is
+    never lost to one odd value; `typed_args` keeps the arguments typed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -70,10 +89,11 @@ METRIC_ROWS = [
     ("p90 interactivity tok/s/user", lambda s: _fmt(s.p90_interactivity)),
     ("goodput req/s (SLO met)", lambda s: f"{_fmt(s.goodput_per_s, digits=2)} "
                                           f"({_pct(s.slo_attainment)})"),
-    ("prefix hit actual", lambda s: _pct(s.prefix_hit_actual)),
-    ("prefix hit theoretical (session)", lambda s: _pct(s.prefix_hit_theoretical)),
-    ("prefix hit theoretical (global)", lambda s: _pct(s.prefix_hit_global)),
-    ("actual / theoretical", lambda s: _pct(s.hit_ratio)),
+    # The server row counts the server's tokens (and its cache may hold prefixes other
+    # sessions share); the bounds count ours: the rows are not a ratio of one another.
+    ("prefix hit, server (cached/prompt tokens)", lambda s: _pct(s.prefix_hit_actual)),
+    ("prefix hit, session-tree bound (our count)", lambda s: _pct(s.prefix_hit_theoretical)),
+    ("prefix hit, any-session bound (our count)", lambda s: _pct(s.prefix_hit_global)),
 ]
 
 
@@ -99,62 +119,27 @@ def print_summary(labels: list[str], summaries: list[Summary], title: str) -> No
     console().print(table)
 
 
-def _cdf(ax, values: list[float], label: str) -> None:
-    import numpy as np
+def _turn_cell(t) -> str:
+    if t is None:
+        return "-"
+    return (f"{t.requests} · {_fmt(t.ttft_p50, 1e3, 0)}/{_fmt(t.ttft_p90, 1e3, 0)} ms · "
+            f"{_pct(t.cached_fraction)} ({_pct(t.bound_fraction)})")
 
-    if not values:
+
+def print_turns(labels: list[str], summaries: list[Summary], max_turns: int = 40) -> None:
+    """The agent view: one row per turn index, one column per run (requests · TTFT p50/p90 ·
+    mean server cached fraction (our session-tree bound))."""
+    from rich.table import Table
+
+    turns = sorted({t.turn for s in summaries for t in s.by_turn})
+    if not turns:
         return
-    x = np.sort(np.asarray(values))
-    y = np.arange(1, len(x) + 1) / len(x)
-    ax.plot(x, y, label=label)
-
-
-def plot_cdfs(path: Path, runs: dict[str, list[RequestRecord]], warmup_s: float) -> None:
-    """Latency CDFs (TTFT, TPOT, ITL, E2E), one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    panels = [("TTFT (ms)", lambda r: [r.ttft * 1e3]), ("TPOT (ms)",
-              lambda r: [r.tpot * 1e3] if r.tpot is not None else []),
-              ("ITL (ms)", lambda r: [x * 1e3 for x in r.itls()]), ("E2E (s)", lambda r: [r.e2e])]
-    for ax, (name, get) in zip(axes.flat, panels):
-        for label, records in runs.items():
-            ok = [r for r in records if r.ok and r.start >= warmup_s]
-            _cdf(ax, [v for r in ok for v in get(r)], label)
-        ax.set_xlabel(name)
-        ax.set_ylabel("fraction of requests" if name != "ITL (ms)" else "fraction of gaps")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_tradeoff(path: Path, points: dict[str, Summary]) -> None:
-    """Output throughput vs p90 interactivity, one point per concurrency level (or config)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    xs, ys = [], []
-    for label, s in points.items():
-        if s.p90_interactivity is None:
-            continue
-        xs.append(s.p90_interactivity)
-        ys.append(s.output_tokens_per_s)
-        ax.annotate(label, (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4))
-    ax.plot(xs, ys, "o-")
-    ax.set_xlabel("p90 interactivity (tokens/s/user)")
-    ax.set_ylabel("output throughput (tokens/s)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    table = Table(title="by turn index: requests · TTFT p50/p90 · cached, server (bound)",
+                  caption=f"first {max_turns} turn indices" if len(turns) > max_turns else None)
+    table.add_column("turn", justify="right")
+    for label in labels:
+        table.add_column(label, justify="right")
+    rows = [{t.turn: t for t in s.by_turn} for s in summaries]
+    for turn in turns[:max_turns]:
+        table.add_row(str(turn), *(_turn_cell(r.get(turn)) for r in rows))
+    console().print(table)

@@ -56,6 +56,7 @@ class RunResult:
     end_s: float
     sessions_started: int = 0
     sessions_finished: int = 0
+    t0: float = 0.0                  # time.perf_counter() at the run clock's zero
     extra: dict = field(default_factory=dict)
 
 
@@ -242,4 +243,4 @@ async def run_workload(cfg: RunConfig, sessions: list[Session], preparer: Prepar
                 await asyncio.gather(ticker, return_exceptions=True)
     if cfg.mode == "open":
         run.finished = run.started
-    return RunResult(run.records, cfg.warmup_s, end, run.started, run.finished)
+    return RunResult(run.records, cfg.warmup_s, end, run.started, run.finished, run.t0)

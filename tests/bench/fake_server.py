@@ -1,6 +1,8 @@
 """A small fake OpenAI-compatible streaming server for the benchmark's tests.
 
-Serves `/v1/chat/completions` and `/v1/completions` (stream only) and `/health`. Prompts are
+Serves `/v1/chat/completions` and `/v1/completions` (stream only) and `/health`; as Baton
+(`baton=True`) also `/version`, `/v1/models` and `/metrics/workers` (two fake workers whose
+running count is the requests in flight, in vLLM's metric names). Prompts are
 "tokenized" as 4-character pieces (chat: ChatML rendering), as words (completion text) or taken
 as given token ids. A simulated prefix cache reports `cached_tokens` = the longest prefix shared
 with any earlier prompt, in 16-token blocks, capped at len - 1. Every request is logged with its
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from baton.bench.tokens import _piece_ids
 
@@ -41,6 +43,7 @@ class FakeServer:
     token_s: float = 0.002
     fail_every: int = 0                  # every Nth request answers HTTP 500
     max_len: int = 0                     # longer prompts get a context-length 400
+    baton: bool = True                   # False: /version, /metrics/workers answer 404
     log: list[Logged] = field(default_factory=list)
     _prompts: list[list[int]] = field(default_factory=list)
 
@@ -106,6 +109,9 @@ class FakeServer:
             entry.cached = self.cached(prompt)
             return StreamingResponse(self.stream(entry, chat), media_type="text/event-stream")
 
+        if self.baton:
+            self.baton_routes(app)
+
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             return await handle(request, True)
@@ -115,6 +121,38 @@ class FakeServer:
             return await handle(request, False)
 
         return app
+
+
+    def baton_routes(self, app: FastAPI) -> None:
+        """The routes only a Baton gateway serves."""
+        @app.get("/version")
+        async def version():
+            return {"version": "9.9.9", "commit": "abc123"}
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": "fake", "object": "model",
+                                                "max_model_len": 4096}]}
+
+        @app.get("/metrics/workers")
+        async def worker_metrics():
+            return PlainTextResponse(self.worker_metrics())
+
+    def worker_metrics(self) -> str:
+        """Exposition text of two workers: decode runs what is in flight, prefill none."""
+        live = sum(1 for e in self.log if e.finished is None)
+        lines = []
+        for name, kind in (("vllm:num_requests_running", "gauge"),
+                           ("vllm:num_requests_waiting", "gauge"),
+                           ("vllm:kv_cache_usage_perc", "gauge")):
+            lines += [f"# HELP {name} fake", f"# TYPE {name} {kind}"]
+            for worker, role, value in (("127.0.0.1:50051", "decode", live),
+                                        ("127.0.0.1:50052", "prefill", 0)):
+                if name.endswith("perc"):
+                    value = min(value / 10, 1.0)
+                lines.append(f'{name}{{engine="0",model_name="fake",role="{role}",'
+                             f'worker="{worker}"}} {float(value)}')
+        return "\n".join(lines) + "\n"
 
 
 def _sse(obj: dict) -> str:

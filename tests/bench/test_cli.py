@@ -1,6 +1,7 @@
 """`baton bench` and `baton bench compare` end to end against fake servers: report files."""
 import json
 
+from baton.bench import plots
 from baton.bench.cli import main
 from tests.bench.fake_server import FakeServer, ServerThread
 
@@ -8,9 +9,17 @@ FAST = ["--duration", "1.5", "--warmup", "0.2", "--grace", "1", "--time-scale", 
         "--tokenizer", "none", "--no-progress", "--max-output-tokens", "6"]
 
 
-def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
+def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys, monkeypatch):
     _, url = fake
     out = tmp_path / "run"
+    titles = {}
+    save = plots._save
+
+    def titled(fig, path, title):
+        save(fig, path, title)
+        titles[path.name] = fig.get_suptitle()
+
+    monkeypatch.setattr(plots, "_save", titled)
     rc = main(["--url", url, "--workload", "synthetic", "--synthetic-sessions", "6",
                "--block-tokens", "16", "--concurrency", "1,2", "--output", str(out), *FAST])
     assert rc == 0
@@ -21,11 +30,42 @@ def test_bench_sweep_writes_report_and_plots(fake, tmp_path, capsys):
         assert s["measured"] > 0 and s["errors"] == 0
         assert s["ttft"]["p50"] > 0 and s["prefix_hit_actual"] is not None
     assert report["workload"]["name"] == "synthetic" and report["machine"]["cpus"]
-    for name in ("latency_cdf.png", "throughput_vs_interactivity.png", "requests-c1.jsonl",
-                 "requests-c2.jsonl"):
+    assert report["baton"]["version"] and "commit" in report["baton"]
+    assert report["target"]["answers"]["version"] == {"version": "9.9.9", "commit": "abc123"}
+    args = report["workload"]["args"]  # JSON-native types, not "True"/"None" strings
+    assert args["no_progress"] is True and args["no_plots"] is False
+    assert args["max_turns"] is None and args["duration"] == 1.5
+    assert args["synthetic_sessions"] == 6 and args["output"] == str(out)
+    for lv in report["levels"]:
+        w = lv["workers"]
+        assert w["available"] and w["polls"] >= 1 and "127.0.0.1:50051" in w["workers"]
+    pngs = ("latency_cdf.png", "throughput_vs_interactivity.png", "ttft_by_turn.png",
+            "workers-c1.png", "workers-c2.png")
+    for name in pngs + ("requests-c1.jsonl", "requests-c2.jsonl"):
         assert (out / name).stat().st_size > 0
+    assert set(titles) == set(pngs)
+    for title in titles.values():
+        assert title.startswith("synthetic · closed loop · concurrency 1,2") and url in title
+    turns = report["levels"][0]["summary"]["by_turn"]
+    assert turns[0]["turn"] == 0 and turns[0]["ttft_p50"] > 0
+    assert turns[1]["cached_fraction"] > turns[0]["cached_fraction"]
     printed = capsys.readouterr().out
-    assert "p90 interactivity" in printed and "prefix hit actual" in printed
+    assert "by turn index" in printed
+    assert "p90 interactivity" in printed and "prefix hit, server (cached/prompt tokens)" in printed
+
+
+def test_bench_against_a_server_that_is_not_baton(tmp_path, capsys):
+    out = tmp_path / "other"
+    with ServerThread(FakeServer(baton=False).app()) as url:
+        rc = main(["--url", url, "--workload", "synthetic", "--synthetic-sessions", "3",
+                   "--block-tokens", "16", "--concurrency", "1", "--output", str(out), *FAST])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["target"]["answers"]["version"]["status"] == 404
+    workers = report["levels"][0]["workers"]
+    assert not workers["available"] and "HTTP 404" in workers["note"]
+    assert (out / "latency_cdf.png").exists() and not (out / "workers-c1.png").exists()
+    assert "no worker time series" in capsys.readouterr().out
 
 
 def test_bench_tau_bench_chat(fake, traces, tmp_path):
@@ -63,5 +103,7 @@ def test_compare_running_servers(tmp_path, capsys):
     rows = {r["name"]: r for r in report["rows"]}
     assert set(rows) == {"colocated", "disaggregated"}
     assert rows["disaggregated"]["reference"] == "colocated"
+    assert rows["colocated"]["answers"]["version"]["version"] == "9.9.9"
+    assert report["baton"]["version"] and report["args"]["concurrency"] == "2"
     assert float(rows["disaggregated"]["ratios"]["p90_ttft_x"].rstrip("×")) > 1.0
     assert "p90 TTFT ×" in capsys.readouterr().out

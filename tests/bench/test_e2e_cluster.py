@@ -20,6 +20,10 @@ def test_bench_quick_against_local_cluster(tmp_path):
     report = json.loads((out / "report.json").read_text())
     s = report["levels"][0]["summary"]
     assert report["target"]["server"]["mode"] == "disaggregated"
+    assert report["target"]["answers"]["version"]["version"]   # the gateway's GET /version
+    workers = report["levels"][0]["workers"]
+    assert workers["available"], workers["note"]
+    assert {w["role"] for w in workers["workers"].values()} == {"prefill", "decode"}
     assert s["measured"] > 0 and s["errors"] == 0
     assert s["ttft"]["p50"] > 0 and s["output_tokens_per_s"] > 0
     # multi-turn sessions over a shared system prompt: the prefix cache must hit

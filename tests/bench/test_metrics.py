@@ -8,13 +8,13 @@ from baton.bench.metrics import Slo, Stats, meets_slo, summarize
 
 
 def rec(start, first, gaps, *, prompt=100, cached=50, theo=60, global_hit=70, error=None,
-        cancelled=False, usage=True):
+        cancelled=False, usage=True, turn=0):
     """A finished request: first token at `first`, then one token after each gap."""
     times = [first]
     for g in gaps:
         times.append(times[-1] + g)
     return RequestRecord(
-        session_id="s", turn_index=0, start=start, max_tokens=len(times),
+        session_id="s", turn_index=turn, start=start, max_tokens=len(times),
         expected_prompt_tokens=prompt, theo_hit=theo, global_hit=global_hit,
         end=times[-1] + 0.001, first_token=first, chunk_times=times, output_tokens=len(times),
         prompt_tokens=prompt if usage else None, cached_tokens=cached if usage else None,
@@ -82,7 +82,6 @@ def test_prefix_hit_actual_vs_theoretical():
     assert s.prefix_hit_actual == pytest.approx(192 / 400)
     assert s.prefix_hit_theoretical == pytest.approx(200 / 400)
     assert s.prefix_hit_global == pytest.approx(224 / 400)
-    assert s.hit_ratio == pytest.approx(0.96)
 
 
 def test_prefix_hit_unknown_without_usage():
@@ -95,3 +94,24 @@ def test_empty_run():
     s = summarize([], 0.0, 5.0)
     assert s.measured == 0 and s.requests_per_s == 0 and s.p90_interactivity is None
     assert s.slo_attainment is None and not math.isnan(s.goodput_per_s)
+
+
+def test_by_turn_ttft_and_cached_fraction():
+    records = [
+        rec(1, 1.4, [0.1], turn=0, prompt=100, cached=0, theo=0),       # ttft 0.4
+        rec(1, 1.2, [0.1], turn=0, prompt=200, cached=0, theo=0),       # ttft 0.2
+        rec(2, 2.1, [0.1], turn=1, prompt=400, cached=320, theo=300),   # 0.8 cached
+        rec(2, 2.3, [0.1], turn=1, prompt=500, cached=300, theo=400),   # 0.6 cached
+        rec(3, 3.1, [0.1], turn=2, prompt=600, cached=480, theo=500, usage=False),
+        rec(3, 3.1, [0.1], turn=2, error="HTTP 500: x"),                # not measured
+        rec(0, 0.1, [0.1], turn=5),                                     # warm-up
+    ]
+    rows = summarize(records, warmup_s=0.5, end_s=10.0).by_turn
+    assert [(t.turn, t.requests) for t in rows] == [(0, 2), (1, 2), (2, 1)]
+    assert rows[0].ttft_p50 == pytest.approx(0.3) and rows[0].ttft_p90 == pytest.approx(0.38)
+    assert rows[0].cached_fraction == 0.0 and rows[0].bound_fraction == 0.0
+    assert rows[1].cached_fraction == pytest.approx(0.7)          # mean of 0.8 and 0.6
+    assert rows[1].bound_fraction == pytest.approx((0.75 + 0.8) / 2)
+    assert rows[2].cached_fraction is None                        # no server usage
+    assert rows[2].bound_fraction == pytest.approx(500 / 600)
+    assert summarize([], 0.0, 1.0).by_turn == ()

@@ -1,0 +1,55 @@
+"""What was benchmarked, for report.json: this client's Baton version and commit, and what the
+server says of itself.
+
+A Baton gateway answers `GET /version` → {"version", "commit"?} and `GET /v1/models` → the
+OpenAI model list (with `max_model_len`). Any other server is asked the same and its answer
+is recorded as it comes: a JSON body, or {"status", "body"} for a non-200 answer, or
+{"error"} when nothing answers. Asking never fails the run.
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+import httpx
+
+import baton
+
+PROBES = {"version": "/version", "models": "/v1/models"}
+
+
+@functools.lru_cache(maxsize=1)
+def client_version() -> dict:
+    """{"version", "commit"} of the Baton package running the benchmark (commit: None when
+    it does not run from a git checkout, or git is missing)."""
+    root = Path(baton.__file__).resolve().parent.parent
+    commit = None
+    if (root / ".git").exists():
+        try:
+            out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                                 capture_output=True, text=True, timeout=2, check=True)
+            commit = out.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {"version": baton.__version__, "commit": commit}
+
+
+def _ask(client: httpx.Client, path: str):
+    try:
+        r = client.get(path)
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    if r.status_code != 200:
+        return {"status": r.status_code, "body": r.text[:200]}
+    try:
+        return r.json()
+    except ValueError:
+        return {"status": r.status_code, "body": r.text[:200]}
+
+
+def probe_server(url: str, timeout_s: float = 5.0) -> dict:
+    """{"version": <GET /version>, "models": <GET /v1/models>} as the server answered."""
+    with httpx.Client(base_url=url, timeout=timeout_s) as client:
+        return {key: _ask(client, path) for key, path in PROBES.items()}
+

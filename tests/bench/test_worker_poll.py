@@ -1,0 +1,86 @@
+"""The worker-metrics poller: parsing an exposition, polling Baton, skipping anyone else."""
+import asyncio
+
+import pytest
+
+from baton.bench.worker_poll import WorkerPoller, WorkerSample, parse_workers
+from tests.bench.fake_server import FakeServer, ServerThread
+
+SAMPLE = """\
+# HELP baton_worker_metrics_up 1 when the worker's /metrics answered this scrape
+# TYPE baton_worker_metrics_up gauge
+baton_worker_metrics_up{role="decode",worker="10.0.0.1:50051"} 1.0
+baton_worker_metrics_up{role="prefill",worker="10.0.0.2:50052"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m",role="decode",worker="10.0.0.1:50051"} 3.0
+vllm:num_requests_running{engine="1",model_name="m",role="decode",worker="10.0.0.1:50051"} 2.0
+vllm:num_requests_running{engine="0",model_name="m",role="prefill",worker="10.0.0.2:50052"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m",role="decode",worker="10.0.0.1:50051"} 4.0
+vllm:num_requests_waiting{engine="0",model_name="m",role="prefill",worker="10.0.0.2:50052"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m",role="decode",worker="10.0.0.1:50051"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m",role="decode",worker="10.0.0.1:50051"} 0.5
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m",role="decode",worker="10.0.0.1:50051"} 9.0
+"""
+
+
+def test_parse_sample_exposition():
+    workers = parse_workers(SAMPLE)
+    assert workers == {
+        "10.0.0.1:50051": WorkerSample("decode", running=5.0, waiting=4.0, kv_usage=0.5),
+        "10.0.0.2:50052": WorkerSample("prefill", running=1.0, waiting=0.0, kv_usage=None),
+    }
+    assert parse_workers("") == {}
+    with pytest.raises(ValueError):
+        parse_workers("<html>not found</html>")
+
+
+async def _poll(url: str, seconds: float):
+    poller = WorkerPoller(url, interval_s=0.05, timeout_s=1.0)
+    task = asyncio.create_task(poller.run())
+    await asyncio.sleep(seconds)
+    poller.stop()
+    await asyncio.wait_for(task, 5)
+    return poller
+
+
+def test_poller_series_from_baton(fake):
+    _, url = fake
+    poller = asyncio.run(_poll(url, 0.4))
+    series = poller.series(origin=0.0).to_dict()
+    assert series["available"] and series["note"] is None and series["polls"] >= 3
+    decode = series["workers"]["127.0.0.1:50051"]
+    assert decode["role"] == "decode"
+    assert len(decode["t"]) == len(decode["running"]) == len(decode["kv_usage"]) == series["polls"]
+    assert decode["t"] == sorted(decode["t"])
+
+
+def test_poller_skips_quietly_on_404():
+    with ServerThread(FakeServer(baton=False).app()) as url:
+        poller = asyncio.run(_poll(url, 0.3))
+    series = poller.series(origin=0.0)
+    assert not series.available and series.polls == 0 and series.workers == {}
+    assert "HTTP 404" in series.note and "/metrics/workers" in series.note
+
+
+def test_poller_counts_failures_after_a_good_poll(fake):
+    server, url = fake
+
+    async def run():
+        poller = WorkerPoller(url, interval_s=0.05)
+        task = asyncio.create_task(poller.run())
+        await asyncio.sleep(0.2)
+        server.worker_metrics = lambda: "garbage text here"   # a broken scrape mid-run
+        await asyncio.sleep(0.2)
+        poller.stop()
+        await task
+        return poller.series(origin=0.0)
+
+    series = asyncio.run(run())
+    assert series.available and series.polls >= 1 and series.failed_polls >= 1
