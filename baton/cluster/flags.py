@@ -12,22 +12,31 @@ from baton.cluster.supervise import Backoff
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of `baton up`."""
-    p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.")
+    p = argparse.ArgumentParser(prog="baton up", description="Run a local Baton cluster.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
-    p.add_argument("--grpc-port", type=int, default=None, help="gateway gRPC front (off)")
-    p.add_argument("--num-prefill", type=int, default=1)
-    p.add_argument("--num-decode", type=int, default=1)
-    p.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
-    p.add_argument("--routing", choices=["session", "kv", "round-robin"], default="session")
-    p.add_argument("--transport", choices=["nixl", "grpc"], default="nixl")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--grpc-port", type=int, default=None, help="port of the gateway's gRPC front (None: off)")
+    p.add_argument("--num-prefill", type=int, default=1,
+                   help="prefill workers (disaggregated mode)")
+    p.add_argument("--num-decode", type=int, default=1, help="decode workers")
+    p.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated",
+                   help="colocated: no prefill workers, decode workers prefill locally")
+    p.add_argument("--routing", choices=["session", "kv", "round-robin"], default="session",
+                   help="how the gateway picks a decode worker")
+    p.add_argument("--transport", choices=["nixl", "grpc"], default="nixl",
+                   help="how KV blocks move from prefill to decode workers")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' at the gateway")
     p.add_argument("--dtype", default=None, help="worker dtype (default: the workers')")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block (default: the workers')")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit (default: the model's, within the KV pool)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="KV pool bytes per worker (default: the workers')")
     p.add_argument("--min-remote-tokens", type=int, default=None,
                    help="decode: shortest uncached suffix prefilled remotely")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
@@ -35,12 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split: pin prefill and decode workers to disjoint CPU sets")
     p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds every child may take to become ready")
     p.add_argument("--exit-on-child-failure", action="store_true",
                    help="stop the cluster when a child dies (CI) instead of restarting it")
     p.add_argument("--restart-delay-s", type=float, default=1.0,
                    help="first restart delay; doubles per death in a row")
-    p.add_argument("--restart-max-delay-s", type=float, default=30.0)
+    p.add_argument("--restart-max-delay-s", type=float, default=30.0,
+                   help="cap of the restart delay")
     p.add_argument("--restart-reset-s", type=float, default=60.0,
                    help="a child up this long starts its next backoff from the first delay")
     p.add_argument("--shutdown-grace-s", type=float, default=30.0,
