@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
-    p.add_argument("--grpc-port", type=int, default=None, help="port of the gateway's gRPC front (None: off)")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="port of the gateway's gRPC front (None: off)")
     p.add_argument("--num-prefill", type=int, default=1,
                    help="prefill workers (disaggregated mode)")
     p.add_argument("--num-decode", type=int, default=1, help="decode workers")
