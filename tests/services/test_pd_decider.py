@@ -85,3 +85,11 @@ def test_estimator_learns_with_an_ewma_and_ignores_tiny_samples():
     assert r.local_tokens_per_s == pytest.approx(500, rel=1e-3)
     assert r.remote_tokens_per_s == pytest.approx(10_000, rel=1e-3)
     assert r.transfer_bytes_per_s == pytest.approx(2e8, rel=1e-3)
+
+
+def test_flags_default_to_the_decider_and_keep_the_threshold():
+    from decode_service.config import parse_args
+    assert parse_args([]).min_remote_tokens is None
+    assert parse_args([]).local_prefill_itl_budget_ms == 50.0
+    cfg = parse_args(["--min-remote-tokens", "64", "--local-prefill-itl-budget-ms", "20"])
+    assert (cfg.min_remote_tokens, cfg.local_prefill_itl_budget_ms) == (64, 20.0)
