@@ -13,12 +13,14 @@ DEFAULT_PORT = 50051
 class DecodeConfig(RoleConfig):
     """RoleConfig (engine, server, transport: how KV blocks arrive, max_prompt_tokens) plus:
     prefill_address: prefill worker used when a request names none (None = prefill locally).
-    min_remote_tokens: conditional disaggregation: an uncached prompt suffix shorter than this
-    is prefilled here, a longer one on a prefill worker. Small (32) on purpose: a local
-    prefill runs inside this worker's decode steps and stalls every running sequence for its
-    length (a 255-token suffix cost ~1 s of ITL on a CPU core), and a turn prefilled here is
-    missing from the prefill worker's prefix cache, so the session's next long turn makes it
-    recompute those tokens (cached_tokens then falls back to the shared system prompt).
+    min_remote_tokens: None (default) = the cost-based decider (decode_service/pd_decider.py)
+    chooses local or remote prefill per request from both sides' queues, decode's prefix hit
+    and learned rates; a number = the fixed threshold of old: an uncached prompt suffix
+    shorter than this is prefilled here, a longer one on a prefill worker.
+    local_prefill_itl_budget_ms: the decider's ITL budget: a local prefill runs inside this
+    worker's decode steps and stalls every running sequence for its compute time (a
+    255-token suffix cost ~1 s of ITL on a CPU core); one that would stall a busy batch
+    longer than this goes remote.
     on_prefill_failure: "recompute" (prefill locally from this worker's cached prefix) or
     "fail" (end the request with an error) when a remote prefill fails or times out.
     prefill_timeout_seconds: stall budget of one Prefill call: it is given up (Abort, then
@@ -36,7 +38,8 @@ class DecodeConfig(RoleConfig):
     """
 
     prefill_address: str | None = None
-    min_remote_tokens: int = 32
+    min_remote_tokens: int | None = None
+    local_prefill_itl_budget_ms: float = 50.0
     on_prefill_failure: str = "recompute"
     prefill_timeout_seconds: float = 60.0
     prefill_max_seconds: float = 600.0
@@ -50,8 +53,10 @@ class DecodeConfig(RoleConfig):
         super().__post_init__()
         if self.on_prefill_failure not in ("recompute", "fail"):
             raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
-        if self.min_remote_tokens < 1:
+        if self.min_remote_tokens is not None and self.min_remote_tokens < 1:
             raise ValueError("min_remote_tokens must be ≥ 1")
+        if self.local_prefill_itl_budget_ms < 0:
+            raise ValueError("local_prefill_itl_budget_ms must be ≥ 0")
         for name in ("prefill_timeout_seconds", "prefill_max_seconds", "kv_wait_seconds",
                      "abort_timeout_seconds", "handshake_timeout_seconds"):
             if getattr(self, name) <= 0:
@@ -71,7 +76,13 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
                                 description="Baton decode worker (gRPC DecodeService).")
     g = add_role_args(p, DEFAULT_PORT, "decode")
     g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
-    g.add_argument("--min-remote-tokens", type=int, default=32)
+    g.add_argument("--min-remote-tokens", type=int, default=None,
+                   help="fixed P/D threshold: prefill an uncached suffix of at least this "
+                        "many tokens remotely, a shorter one here (default: the cost-based "
+                        "decider chooses per request)")
+    g.add_argument("--local-prefill-itl-budget-ms", type=float, default=50.0,
+                   help="cost-based P/D: the longest stall a local prefill may put on a busy "
+                        "decode batch before it goes to the prefill worker")
     g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"])
     g.add_argument("--prefill-timeout-seconds", type=float, default=60.0,
                    help="give a remote prefill up after this long without prefill progress")
@@ -85,7 +96,9 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     a = p.parse_args(argv)
     try:
         return DecodeConfig(
-            **role_config_kwargs(a), prefill_address=a.prefill_address, min_remote_tokens=a.min_remote_tokens,
+            **role_config_kwargs(a), prefill_address=a.prefill_address,
+            min_remote_tokens=a.min_remote_tokens,
+            local_prefill_itl_budget_ms=a.local_prefill_itl_budget_ms,
             on_prefill_failure=a.on_prefill_failure,
             prefill_timeout_seconds=a.prefill_timeout_seconds,
             prefill_max_seconds=a.prefill_max_seconds, kv_wait_seconds=a.kv_wait_seconds,

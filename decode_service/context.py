@@ -1,6 +1,7 @@
 """What a decode sequence needs of its worker besides the engine: the config, the KV
-receiver, the prefill peers, the metrics, and a way to run a task in the background (a
-remote phase that must outlive its caller, a hold's release, a ReleaseBlocks). The worker
+receiver, the prefill peers, the metrics, a way to run a task in the background (a remote
+phase that must outlive its caller, a hold's release, a ReleaseBlocks) and the P/D chooser
+(decode_service/pd_choice.py: local or remote prefill, per request). The worker
 builds one DecodeContext and hands it to every sequence; nothing here knows of either.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from baton.transfer import KVReceiver
 from decode_service.config import DecodeConfig
 from decode_service.metrics import DecodeMetrics
+from decode_service.pd_choice import PDChooser
 from decode_service.peers import PrefillPeers
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ class DecodeContext:
     peers: PrefillPeers
     metrics: DecodeMetrics
     spawn: Callable[[Coroutine], asyncio.Task]
+    pd: PDChooser
 
 
 class BackgroundTasks:

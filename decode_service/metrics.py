@@ -52,6 +52,12 @@ class DecodeMetrics:
         self.transfer_seconds = Histogram("baton_kv_transfer_seconds",
                                           "KV transfer time (sender) + arrival wait",
                                           buckets=_SECONDS, registry=r)
+        self.pd_decisions = Counter("baton_decode_pd_decisions",
+                                    "Local / remote prefill decisions (decode_service/"
+                                    "pd_decider.py) by path and reason", ["path", "reason"],
+                                    registry=r)
+        self.pd_rates = Gauge("baton_decode_pd_learned_rate", "The P/D decider's learned "
+                              "rates (EWMA)", ["kind"], registry=r)
         self.vllm_ttft, self.vllm_itl = vllm_latency_histograms(r, model_name)
 
     def observe_first_token(self, seconds: float) -> None:

@@ -8,6 +8,9 @@
                      refused → Rejected(FAILED_PRECONDITION, "... block_size: 16 != 8 ...")
                      unreachable → Rejected(UNAVAILABLE, ...)
     forget(address) drops a cached handshake (the peer restarted or answered LAYOUT_MISMATCH).
+    load(address) / refresh_load(peer): the peer's latest GetStats (PeerLoad, with its age):
+    its step count for the progress watchdog and its queue for the P/D decider; one GetStats
+    per peer at a time serves both.
 
 A peer is one prefill *process*: its handshake's kv_epoch (random per process) goes into
 every Prefill (another process refuses it: STALE_HANDSHAKE) and comes back with every Abort
@@ -40,6 +43,19 @@ class PrefillPeer:
     kv_epoch: int = 0  # the process that shook hands (0: it did not say)
 
 
+@dataclass(frozen=True)
+class PeerLoad:
+    """The latest GetStats answer of a peer (time.monotonic() `at`): its engine's step count
+    (remote prefills' progress watchdog) and its queue (the P/D decider's input)."""
+
+    at: float
+    num_steps: int
+    num_waiting: int
+    num_waiting_tokens: int
+    num_running: int
+    load: float
+
+
 class AbortAnswer(enum.Enum):
     STOPPED = enum.auto()        # the peer's process answered: none of its transfers writes
     UNANSWERED = enum.auto()     # no answer in time (busy, paused, unreachable): ask again
@@ -55,8 +71,8 @@ class PrefillPeers:
         self.handshake_timeout_s, self.call_timeout_s = handshake_timeout_s, call_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._peers: dict[str, PrefillPeer] = {}
-        self._steps: dict[str, tuple[float, int]] = {}  # address -> (when, num_steps)
-        self._steps_calls: dict[str, asyncio.Future] = {}
+        self._loads: dict[str, PeerLoad] = {}
+        self._stats_calls: dict[str, asyncio.Future] = {}
 
     async def get(self, address: str) -> PrefillPeer:
         """A handshaken peer. Raises Rejected (FAILED_PRECONDITION or UNAVAILABLE)."""
@@ -114,22 +130,36 @@ class PrefillPeers:
         """The prefill engine's step count (GetStats), or None when it did not answer.
         One GetStats per peer at a time, and an answer younger than `max_age_s` is reused, so
         many remote prefills waiting on one peer do not each poll it."""
-        seen = self._steps.get(peer.address)
-        if seen is not None and time.monotonic() - seen[0] <= max_age_s:
-            return seen[1]
-        task = self._steps_calls.get(peer.address)
-        if task is None or task.done():
-            task = self._steps_calls[peer.address] = asyncio.ensure_future(
-                self._fetch_steps(peer, timeout_s))
-        return await asyncio.shield(task)
+        seen = self._loads.get(peer.address)
+        if seen is not None and time.monotonic() - seen.at <= max_age_s:
+            return seen.num_steps
+        load = await asyncio.shield(self._stats_call(peer, timeout_s))
+        return None if load is None else load.num_steps
 
-    async def _fetch_steps(self, peer: PrefillPeer, timeout_s: float) -> int | None:
+    def load(self, address: str) -> PeerLoad | None:
+        """The peer's latest answered GetStats (any age; None before the first answer)."""
+        return self._loads.get(address)
+
+    def refresh_load(self, peer: PrefillPeer, timeout_s: float) -> None:
+        """Ask for a fresh GetStats in the background (joins one already on its way)."""
+        self._stats_call(peer, timeout_s)
+
+    def _stats_call(self, peer: PrefillPeer, timeout_s: float) -> asyncio.Future:
+        task = self._stats_calls.get(peer.address)
+        if task is None or task.done():
+            task = self._stats_calls[peer.address] = asyncio.ensure_future(
+                self._fetch_stats(peer, timeout_s))
+        return task
+
+    async def _fetch_stats(self, peer: PrefillPeer, timeout_s: float) -> PeerLoad | None:
         try:
-            stats = await peer.stub.GetStats(common_pb2.GetStatsRequest(), timeout=timeout_s)
+            s = await peer.stub.GetStats(common_pb2.GetStatsRequest(), timeout=timeout_s)
         except Exception:  # noqa: BLE001 - any failure is "no answer" (a closed channel too)
             return None
-        self._steps[peer.address] = (time.monotonic(), stats.num_steps)
-        return stats.num_steps
+        load = self._loads[peer.address] = PeerLoad(
+            time.monotonic(), s.num_steps, s.num_waiting, s.num_waiting_tokens, s.num_running,
+            s.load)
+        return load
 
     async def release(self, peer: PrefillPeer, request_id: str) -> bool:
         """ReleaseBlocks; False when the lease had already ended (or the call failed)."""

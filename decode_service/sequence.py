@@ -106,9 +106,10 @@ class DecodeSequence:
             self.settled.set()
 
     # ---- admission -----------------------------------------------------------------------
-    async def admit(self, peer: PrefillPeer | None, min_remote_tokens: int) -> None:
-        """Queue the sequence, prefilled here or by `peer`; returns once it is in the engine
-        or finished. ValueError: a bad request (or the prefill worker rejected it)."""
+    async def admit(self, peer: PrefillPeer | None, min_remote_tokens: int | None) -> None:
+        """Queue the sequence, prefilled here or by `peer` (as the P/D decider says, or the
+        fixed `min_remote_tokens` threshold when given); returns once it is in the engine or
+        finished. ValueError: a bad request (or the prefill worker rejected it)."""
         try:
             self.q = self.engine.open_stream(self.seq_id)  # ValueError: its id is in use
         except ValueError:
@@ -139,14 +140,16 @@ class DecodeSequence:
             await self._abort_in_engine()
 
     async def _add(self, peer: PrefillPeer | None,
-                   min_remote_tokens: int) -> RemotePrefillPlan | None:
+                   min_remote_tokens: int | None) -> RemotePrefillPlan | None:
         rid, prompt, params, rkv = self.seq_id, self.prompt, self.params, self.remote_kv
         if peer is None:
             self.engine_request = await self.engine.call(
                 lambda e: e.add_request(rid, prompt, params))
             return None
+        choice = self.ctx.pd.choice(peer, min_remote_tokens)
         plan, self.engine_request = await self.engine.call(
-            lambda e: rkv.add(rid, prompt, params, min_remote_tokens))
+            lambda e: rkv.add(rid, prompt, params, go_remote=choice.go_remote(e)))
+        self.ctx.pd.record(choice, plan is not None, rid)
         return plan
 
     def end_unadmitted(self, reason: str, error: str | None) -> None:
@@ -205,6 +208,7 @@ class DecodeSequence:
         await self.engine.call(lambda e: rkv.finish(rid, resp.first_token_id, lp),
                                deliver=True)
         self._to(S.RUNNING)
+        self.ctx.pd.observe_remote(resp, result.arrival_seconds)
         m = self.ctx.metrics
         m.remote_prefills.labels("ok").inc()
         m.received_blocks.inc(resp.num_transferred_blocks)
@@ -250,6 +254,7 @@ class DecodeSequence:
                         self._to(S.FINISHED)
                     elif out.new_token_ids and self.state is S.LOCAL:
                         self._to(S.RUNNING)
+                        self.ctx.pd.observe_local(self.engine_request)
                     yield out
         finally:
             self.engine.close_stream(self.seq_id)

@@ -6,9 +6,10 @@
       2. choose where to prefill: LOCAL mode or no prefill worker → here; otherwise handshake
          with the prefill worker (cached per address; a layout mismatch is FAILED_PRECONDITION
          naming the field; unreachable → prefill here, or UNAVAILABLE under `fail`)
-      3. sequence 0: admit (local, or remote when the uncached suffix is long: see
-         sequence.py); sequences 1..n-1 are then admitted locally and hit the prompt
-         blocks sequence 0 just put in the prefix cache (or end at once with its error)
+      3. sequence 0: admit (local or remote, as the cost-based decider says: pd_decider.py;
+         REMOTE mode or --min-remote-tokens: a fixed threshold; see sequence.py);
+         sequences 1..n-1 are then admitted locally and hit the prompt blocks sequence 0
+         just put in the prefix cache (or end at once with its error)
       4. stream (stream.py): TokenChunk per new tokens (any sequence), then one Finished per
          sequence once all are done (usage and timings are the request's)
     Abort(request_id) or the client cancelling the call: every sequence stops wherever it
@@ -34,6 +35,7 @@ from decode_service.config import DecodeConfig
 from decode_service.context import BackgroundTasks, DecodeContext
 from decode_service.job import Job
 from decode_service.metrics import DecodeMetrics
+from decode_service.pd_choice import PDChooser
 from decode_service.peers import PrefillPeer, PrefillPeers
 from decode_service.stream import ResponseBuilder, merge_outputs
 from protos import decode_pb2
@@ -47,7 +49,9 @@ class DecodeWorker:
         self.config, self.ae, self.remote_kv, self.peers = config, engine, remote_kv, peers
         self.metrics = metrics
         self.tasks = BackgroundTasks()
-        self.ctx = DecodeContext(config, receiver, peers, metrics, self.tasks.spawn)
+        pd = PDChooser(peers, metrics, config.local_prefill_itl_budget_ms / 1e3,
+                       config.abort_timeout_seconds)
+        self.ctx = DecodeContext(config, receiver, peers, metrics, self.tasks.spawn, pd)
         self.jobs: dict[str, Job] = {}
         self.accepting = True
 
@@ -69,7 +73,8 @@ class DecodeWorker:
         finally:
             del self.jobs[job.request_id]
 
-    async def _admit(self, job: Job, peer: PrefillPeer | None, min_remote: int) -> None:
+    async def _admit(self, job: Job, peer: PrefillPeer | None,
+                     min_remote: int | None) -> None:
         first = job.new_sequence(self.ae, self.remote_kv, self.ctx)
         await first.admit(peer, min_remote)
         for _ in range(1, job.n):
@@ -90,8 +95,10 @@ class DecodeWorker:
             raise ValueError(f"n={params.n} is over this worker's limit of {cfg.max_n}")
         return Job(rid, list(req.prompt_token_ids), params)
 
-    async def _route(self, req: decode_pb2.GenerateRequest) -> tuple[PrefillPeer | None, int]:
-        """(prefill peer or None for local, min_remote_tokens) for the request's mode."""
+    async def _route(self, req: decode_pb2.GenerateRequest
+                     ) -> tuple[PrefillPeer | None, int | None]:
+        """(prefill peer or None for local, min_remote_tokens) for the request's mode;
+        min_remote_tokens None: the cost-based decider chooses (AUTO without the flag)."""
         mode = req.prefill_mode or decode_pb2.PREFILL_MODE_AUTO
         address = req.prefill_address if req.HasField("prefill_address") \
             else self.config.prefill_address

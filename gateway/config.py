@@ -83,6 +83,8 @@ class GatewayConfig:
     chat_template: a Jinja file replacing the tokenizer's template, "tokenizer" for the
     tokenizer's own, None for the default (gateway/chat_templates.py). tool_call_parser: how
     tool calls are read from the output when a request offers tools (gateway/tool_parsers.py).
+    slo_ttft_ms: a TTFT SLO; a request whose predicted TTFT (the chosen workers' queues)
+    exceeds it gets 429 slo_unattainable before any work (gateway/admission.py). None = off.
     """
 
     model: str = "smollm2-135m"
@@ -112,6 +114,7 @@ class GatewayConfig:
     access_log: bool = False
     log_level: str = "info"
     router: RouterConfig = field(default_factory=RouterConfig)
+    slo_ttft_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -127,6 +130,8 @@ class GatewayConfig:
             raise ValueError("intervals and timeouts must be positive")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s must be >= 0")
+        if self.slo_ttft_ms is not None and self.slo_ttft_ms <= 0:
+            raise ValueError("slo_ttft_ms must be positive")
         for addr in (*self.decode, *self.prefill):
             split_host_port(addr)
         check_chat_template_option(self.chat_template)
@@ -184,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overload-load", type=float, default=1.5)
     p.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="after SIGTERM: seconds running requests may finish (new ones: 503)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="TTFT SLO: answer 429 slo_unattainable (Retry-After) at arrival when "
+                        "the workers' queues make it unattainable (default: off)")
     p.add_argument("--access-log", action="store_true")
     p.add_argument("--log-level", default="info")
     return p
@@ -206,7 +214,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             dns_refresh_s=a.dns_refresh_s, first_token_timeout_s=a.first_token_timeout_s,
             stream_idle_timeout_s=a.stream_idle_timeout_s,
             shutdown_grace_s=a.shutdown_grace_s, access_log=a.access_log,
-            log_level=a.log_level,
+            log_level=a.log_level, slo_ttft_ms=a.slo_ttft_ms,
             router=RouterConfig(policy=RoutingPolicy(a.routing), overload_load=a.overload_load,
                                 stale_after_s=max(3.0, 6 * a.poll_interval_s)),
         )

@@ -2,7 +2,10 @@
 
     stream(request):
       1. block hashes of the prompt (for KV-aware routing)
-      2. route → decode (+ prefill) worker; Generate(prompt, params, prefill_address)
+      2. route → decode (+ prefill) worker; with --slo-ttft-ms, predict the TTFT from their
+         queues and answer 429 slo_unattainable before any work when it cannot be met
+         (gateway/admission.py: Mooncake's early rejection); Generate(prompt, params,
+         prefill_address)
       3. wait for the first message (a deadline for all attempts together); if the call fails
          or times out before it, try the next worker (nothing was streamed yet, so a retry is
          invisible), up to max_attempts; INVALID_ARGUMENT is the request's fault: no retry
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.admission import PathQueue, SLOAdmission, Ticket
 from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
@@ -61,6 +65,8 @@ class Dispatcher:
         self.metrics = metrics
         self.inflight = 0
         self._hashes = SessionHashCache()
+        self.admission = SLOAdmission(config.slo_ttft_ms / 1e3) \
+            if config.slo_ttft_ms is not None else None
 
     async def stream(self, request: TokenizedRequest
                      ) -> AsyncIterator[decode_pb2.GenerateResponse]:
@@ -72,8 +78,8 @@ class Dispatcher:
         self.metrics.inflight.inc()
         call = worker = None
         try:
-            call, worker, first = await self._start(request)
-            async for msg in self._relay(request, call, worker, first):
+            call, worker, first, ticket = await self._start(request)
+            async for msg in self._relay(request, call, worker, first, ticket):
                 yield msg
         finally:
             if call is not None and not call.done():
@@ -95,6 +101,7 @@ class Dispatcher:
         deadline = request.arrival + self.config.first_token_timeout_s
         tried: list[str] = []
         last_error: GatewayError | None = None
+        ticket: Ticket | None = None
         for _ in range(self.config.max_attempts):
             decision = self.router.route(request.session_id, hashes, self.pool.views(DECODE),
                                          self.pool.views(PREFILL), time.monotonic(), tried,
@@ -102,6 +109,8 @@ class Dispatcher:
             worker = decision and self.pool.get(DECODE, decision.decode)
             if worker is None:
                 break
+            if not tried and self.admission is not None:
+                ticket = self._admit(request, decision)  # GatewayError 429: nothing started
             tried.append(decision.decode)
             self.metrics.routing.labels(self.config.router.policy.value, decision.reason).inc()
             worker.inflight += 1
@@ -113,7 +122,7 @@ class Dispatcher:
                     first = await call.read()
                 if first is not grpc.aio.EOF:
                     self.router.record(request.session_id, decision, hashes, time.monotonic())
-                    return call, worker, first
+                    return call, worker, first, ticket
                 last_error = GatewayError(502, f"decode worker {worker.address} ended the "
                                           "stream without output", code="upstream_error")
             except TimeoutError:
@@ -135,6 +144,22 @@ class Dispatcher:
             raise GatewayError(503, "no healthy decode worker", code="service_unavailable",
                                retry_after=1)
         raise last_error
+
+    def _admit(self, request: TokenizedRequest, decision: RouteDecision) -> Ticket:
+        """SLO-aware early rejection over the paths the request may prefill on."""
+        block = self.config.block_size or self.pool.block_size() or 0
+        uncached = max(1, len(request.prompt_token_ids) - decision.overlap_blocks * block)
+        decode = PathQueue(decision.decode, self.pool.waiting_tokens(DECODE, decision.decode))
+        prefill = None if decision.prefill is None else \
+            PathQueue(decision.prefill, self.pool.waiting_tokens(PREFILL, decision.prefill))
+        mode = self.config.prefill_mode
+        allowed = [decode] if prefill is None or mode is PrefillModeChoice.LOCAL else \
+            [prefill] if mode is PrefillModeChoice.REMOTE else [decode, prefill]
+        try:
+            return self.admission.admit(uncached, decode, prefill, allowed)
+        except GatewayError:
+            self.metrics.slo_rejections.inc()
+            raise
 
     def _generate_request(self, request: TokenizedRequest,
                           decision: RouteDecision) -> decode_pb2.GenerateRequest:
@@ -166,13 +191,14 @@ class Dispatcher:
                             code="upstream_error")
 
     # ---- after the first message ---------------------------------------------------------
-    async def _relay(self, request: TokenizedRequest, call, worker: Worker, first):
+    async def _relay(self, request: TokenizedRequest, call, worker: Worker, first,
+                     ticket: Ticket | None):
         open_indexes = set(range(request.n))
         last_token_at: dict[int, float] = {}
         msg = first
         try:
             while True:
-                self._observe(request, msg, open_indexes, last_token_at)
+                self._observe(request, msg, open_indexes, last_token_at, ticket)
                 yield msg
                 if not open_indexes:
                     return
@@ -193,12 +219,14 @@ class Dispatcher:
         self.metrics.e2e.observe(time.monotonic() - request.arrival)
 
     def _observe(self, request: TokenizedRequest, msg, open_indexes: set[int],
-                 last: dict[int, float]) -> None:
+                 last: dict[int, float], ticket: Ticket | None) -> None:
         now = time.monotonic()
         if msg.WhichOneof("kind") == "tokens":
             i = msg.tokens.index
             if not last:
                 self.metrics.ttft.observe(now - request.arrival)
+                if ticket is not None:
+                    ticket.ttft_s = now - request.arrival
             elif i in last:
                 self.metrics.itl.observe(now - last[i])
             last[i] = now
@@ -210,6 +238,9 @@ class Dispatcher:
             self.metrics.prompt_tokens.inc(usage.prompt_tokens)
             self.metrics.cached_tokens.inc(usage.cached_tokens)
             self.metrics.completion_tokens.inc(usage.completion_tokens)
+            if ticket is not None:
+                self.admission.observe(ticket, msg.finished.timings.remote_prefill,
+                                       usage.prompt_tokens - usage.cached_tokens)
 
 
 def _loop_deadline(deadline_monotonic: float) -> float:

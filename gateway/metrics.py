@@ -42,6 +42,9 @@ class GatewayMetrics:
                                      "Prompt tokens served from a prefix cache", registry=r)
         self.completion_tokens = Counter("baton_gateway_completion_tokens",
                                          "Generated tokens", registry=r)
+        self.slo_rejections = Counter("baton_gateway_slo_rejections",
+                                      "Requests refused with 429 slo_unattainable: their "
+                                      "predicted TTFT exceeded --slo-ttft-ms", registry=r)
         self.disconnects = Counter("baton_gateway_client_disconnects",
                                    "Requests aborted because the client went away", registry=r)
 

@@ -163,6 +163,13 @@ class WorkerPool:
                 return w.stats.kv_layout.block_size
         return None
 
+    def waiting_tokens(self, role: str, address: str) -> int:
+        """Prompt tokens queued on a worker by its fresh stats (0: stale, missing, unknown)."""
+        w = self.workers[role].get(address)
+        fresh = w is not None and w.stats is not None and \
+            time.monotonic() - w.stats_at <= self.config.router.stale_after_s
+        return w.stats.num_waiting_tokens if fresh else 0
+
     def mark_failed(self, role: str, address: str, error: str) -> None:
         w = self.workers[role].get(address)
         if w is not None:

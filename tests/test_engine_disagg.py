@@ -166,3 +166,19 @@ def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
     out = rkv.finish("s", first[0])
     colocated.add_request("s", prompt, params)
     assert out.new_token_ids + _drain(decode, "s") == _drain(colocated, "s")
+
+
+def test_go_remote_callback_decides_with_the_prefix_hit(tiny_llama):
+    """RemoteKV.add(go_remote=fn): fn sees (prompt tokens, decode's own hit) and decides."""
+    _, (decode, rkv) = _engines(tiny_llama)
+    rng = random.Random(3)
+    prompt = [rng.randrange(3, 380) for _ in range(37)]
+    seen = []
+    plan, _ = rkv.add("a", prompt, PARAMS, go_remote=lambda n, c: seen.append((n, c)) or False)
+    assert plan is None and seen == [(37, 0)]
+    _drain(decode, "a")  # prefilled here: its 4 full prompt blocks are now cached
+    plan, _ = rkv.add("b", prompt + [5, 6], PARAMS,
+                      go_remote=lambda n, c: seen.append((n, c)) or True)
+    assert seen[1] == (39, 32) and plan.num_cached_tokens == 32
+    assert decode.get_request("b").status == RequestStatus.WAITING_FOR_REMOTE_KV
+    rkv.fail("b", recompute=False, aborted=True)

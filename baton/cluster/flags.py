@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="KV pool bytes per worker (default: the workers')")
     p.add_argument("--min-remote-tokens", type=int, default=None,
-                   help="decode: shortest uncached suffix prefilled remotely")
+                   help="decode: fixed P/D threshold, shortest uncached suffix prefilled "
+                        "remotely (default: the cost-based decider)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--pin", choices=["none", "split"], default="none",
                    help="split: pin prefill and decode workers to disjoint CPU sets")

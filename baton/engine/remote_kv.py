@@ -1,8 +1,9 @@
 """Decode role: requests whose prompt KV is written into their blocks by a prefill worker.
 
     rkv = RemoteKV(engine)
-    plan, req = rkv.add(rid, prompt, params, min_remote_tokens)
-        plan None: short uncached suffix (or no room now) → queued for local prefill
+    plan, req = rkv.add(rid, prompt, params, min_remote_tokens)   (or go_remote=fn)
+        plan None: short uncached suffix, or `go_remote(prompt, cached)` said no (or no
+                   room now) → queued for local prefill
         plan:      blocks allocated, WAITING_FOR_REMOTE_KV; the prefill worker fills
                    plan.dst_block_ids (from plan.num_cached_tokens on)
     rkv.finish(rid, first_token)        the KV has all arrived → RUNNING, first token out
@@ -19,6 +20,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,19 +65,27 @@ class RemoteKV:
         self._next_hold = 0
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            min_remote_tokens: int = 0) -> tuple[RemotePrefillPlan | None, Request]:
+            min_remote_tokens: int = 0, *,
+            go_remote: Callable[[int, int], bool] | None = None
+            ) -> tuple[RemotePrefillPlan | None, Request]:
         """Admit a request whose prompt KV may come from a prefill worker.
 
         Conditional disaggregation: when the uncached suffix is shorter than
-        `min_remote_tokens`, or the pool cannot hold the whole prompt now, the request is
-        queued for local prefill and the plan is None. Otherwise it waits for remote KV
-        (never scheduled, never preempted) until `finish` or `fail`. Raises ValueError like
+        `min_remote_tokens` (or, given `go_remote`, when go_remote(num_prompt_tokens,
+        num_cached_tokens) is False: a cost-based decider, decode_service/pd_decider.py,
+        called here because only here is the prefix hit known), or the pool cannot hold the
+        whole prompt now, the request is queued for local prefill and the plan is None.
+        Otherwise it waits for remote KV (never scheduled, never preempted) until `finish`
+        or `fail`. Raises ValueError like
         `LLMEngine.add_request`.
         """
         e, kv = self.engine, self.engine.kv
         req = e.new_request(request_id, prompt_token_ids, params)
         hits, num_cached = kv.get_computed_blocks(request_id, req.prompt_token_ids)
-        if req.num_prompt_tokens - num_cached < max(1, min_remote_tokens) or \
+        uncached = req.num_prompt_tokens - num_cached
+        remote = uncached >= max(1, min_remote_tokens) if go_remote is None \
+            else go_remote(req.num_prompt_tokens, num_cached)
+        if not remote or \
                 kv.allocate_slots(request_id, req.num_prompt_tokens, hits) is None:
             e.scheduler.add(req)
             return None, req

@@ -47,6 +47,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     completed: list[str] = field(default_factory=list)
     stats_calls: int = 0
     metrics_port: int = 0  # reported in GetStats (WorkerStats.metrics_port)
+    num_waiting_tokens: int = 0  # reported in GetStats: the queue SLO admission predicts from
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -112,7 +113,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
             role=common_pb2.WORKER_ROLE_DECODE, worker_id=self.worker_id, load=self.load,
             num_total_blocks=100, num_free_blocks=100,
             kv_layout=common_pb2.KVLayout(model="fake", block_size=self.block_size),
-            kv_epoch=self.kv_epoch, metrics_port=self.metrics_port)
+            kv_epoch=self.kv_epoch, metrics_port=self.metrics_port,
+            num_waiting_tokens=self.num_waiting_tokens)
         if request.include_block_hashes:
             stats.snapshot.block_hashes.extend(self.block_hashes)
         return stats
@@ -175,20 +177,20 @@ class FakeWorker:
 class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
     """Only what the gateway calls on a prefill worker: GetStats (and health)."""
 
-    def __init__(self, load: float = 0.0) -> None:
-        self.load = load
+    def __init__(self, load: float = 0.0, num_waiting_tokens: int = 0) -> None:
+        self.load, self.num_waiting_tokens = load, num_waiting_tokens
         self.block_hashes: list[int] = []
 
     async def GetStats(self, request, context):
         stats = common_pb2.WorkerStats(role=common_pb2.WORKER_ROLE_PREFILL, load=self.load,
-                                       kv_epoch=7)
+                                       kv_epoch=7, num_waiting_tokens=self.num_waiting_tokens)
         if request.include_block_hashes:
             stats.snapshot.block_hashes.extend(self.block_hashes)
         return stats
 
 
-async def start_fake_prefill(load: float = 0.0) -> FakeWorker:
-    return await FakeWorker.serve(FakePrefill(load),
+async def start_fake_prefill(load: float = 0.0, num_waiting_tokens: int = 0) -> FakeWorker:
+    return await FakeWorker.serve(FakePrefill(load, num_waiting_tokens),
                                   prefill_pb2_grpc.add_PrefillServiceServicer_to_server)
 
 

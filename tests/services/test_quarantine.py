@@ -87,7 +87,7 @@ async def run_quarantine(monkeypatch, peers: ScriptedPeers, seconds: float):
     monkeypatch.setattr(quarantine, "RETRY_FIRST_S", 0.01)
     monkeypatch.setattr(quarantine, "RETRY_MAX_S", 0.02)
     metrics = DecodeMetrics()
-    ctx = DecodeContext(DecodeConfig(), None, peers, metrics, asyncio.create_task)
+    ctx = DecodeContext(DecodeConfig(), None, peers, metrics, asyncio.create_task, None)
     engine = HoldingEngine()
     q = Quarantine(7, "r", PrefillPeer("p:1", None, "p", 5), time.monotonic() + seconds)
     await asyncio.wait_for(q.run(engine, engine, ctx), seconds + 10)

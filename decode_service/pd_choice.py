@@ -1,0 +1,118 @@
+"""The P/D decider's glue on the decode worker: its inputs, its metrics, its learning.
+
+    DecodeSequence._add (event loop):
+      choice = PDChooser.choice(peer, min_remote_tokens)    the prefill queue estimate now
+      engine.call(rkv.add(..., go_remote=choice.go_remote(engine)))
+          engine thread: decode's own prefix hit (RemoteKV.add), running batch and local
+          prefill queue (EngineStats) → PDState → decide() → local / remote
+      PDChooser.record(choice, planned)     baton_decode_pd_decisions_total{path, reason}
+    first token of a local prefill → observe_local; a remote prefill's answer →
+    observe_remote (compute_seconds) and observe_transfer (bytes / transfer + arrival time)
+
+The prefill worker's queue is its last GetStats answer (PrefillPeers caches it: remote
+prefills poll it for progress anyway), drained by the learned remote rate for its age; an
+answer older than STATS_MAX_AGE_S asks for a fresh one in the background (no decision waits
+on a call), and no answer yet reads as an empty queue (unknown is not saturated).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from baton.transfer import block_bytes
+from decode_service.pd_decider import PDDecision, PDEstimator, PDPolicy, PDRates, PDState, decide
+from decode_service.peers import PrefillPeer, PrefillPeers
+
+if TYPE_CHECKING:
+    from baton.engine.llm_engine import LLMEngine
+    from baton.engine.request import Request
+    from decode_service.metrics import DecodeMetrics
+
+log = logging.getLogger(__name__)
+
+STATS_MAX_AGE_S = 0.5
+
+
+class PDChoice:
+    """One request's decision; its engine-thread half fills `decision`."""
+
+    def __init__(self, queue_tokens: int, rates: PDRates, policy: PDPolicy,
+                 block_size: int, block_bytes_: int) -> None:
+        self.queue_tokens, self.rates, self.policy = queue_tokens, rates, policy
+        self.block_size, self.block_bytes = block_size, block_bytes_
+        self.decision: PDDecision | None = None
+
+    def go_remote(self, engine: LLMEngine):
+        """RemoteKV.add's `go_remote` callback (engine thread)."""
+        def choose(num_prompt_tokens: int, num_cached_tokens: int) -> bool:
+            stats = engine.stats()
+            state = PDState(num_prompt_tokens, num_cached_tokens, stats.counts.num_running,
+                            stats.num_waiting_tokens, self.queue_tokens, self.block_size,
+                            self.block_bytes)
+            self.decision = decide(state, self.rates, self.policy)
+            return self.decision.remote
+        return choose
+
+
+class PDChooser:
+    """itl_budget_s: --local-prefill-itl-budget-ms. The rates are this worker's (one
+    estimator for its prefill peers together)."""
+
+    def __init__(self, peers: PrefillPeers, metrics: DecodeMetrics, itl_budget_s: float,
+                 stats_timeout_s: float) -> None:
+        self.peers, self.metrics, self.stats_timeout_s = peers, metrics, stats_timeout_s
+        self.policy = PDPolicy(itl_budget_s=itl_budget_s)
+        self.block_size = peers.layout.block_size
+        self.block_bytes = block_bytes(peers.layout)
+        self.estimator = PDEstimator()
+
+    def choice(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDChoice:
+        """min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
+        policy = self.policy if min_remote_tokens is None else \
+            dataclasses.replace(self.policy, min_remote_tokens=min_remote_tokens)
+        return PDChoice(self.prefill_queue(peer), self.estimator.rates(), policy,
+                        self.block_size, self.block_bytes)
+
+    def prefill_queue(self, peer: PrefillPeer) -> int:
+        """The peer's num_waiting_tokens now: its last answer, less what it computed since."""
+        load, now = self.peers.load(peer.address), time.monotonic()
+        if load is None or now - load.at > STATS_MAX_AGE_S:
+            self.peers.refresh_load(peer, self.stats_timeout_s)
+        if load is None:
+            return 0
+        drained = (now - load.at) * self.estimator.remote.value
+        return max(0, int(load.num_waiting_tokens - drained))
+
+    def record(self, choice: PDChoice, planned: bool, request_id: str) -> None:
+        """Count the decision (reason "no_room": remote chosen, the pool had no room now)."""
+        d = choice.decision
+        if d is None:
+            return
+        reason = d.reason if planned == d.remote else "no_room"
+        self.metrics.pd_decisions.labels("remote" if planned else "local", reason).inc()
+        log.debug("P/D %s (%s): local %.4f s, remote %.4f s, stall %.4f s, prefill queue %d "
+                  "tokens", d.path, reason, d.local_s, d.remote_s, d.stall_s,
+                  choice.queue_tokens, extra={"request_id": request_id})
+
+    def observe_local(self, req: Request | None) -> None:
+        """A local prefill gave its first token: uncached tokens / time since scheduled."""
+        if req is not None and req.scheduled_time is not None:
+            tokens = req.num_prompt_tokens - max(0, req.num_cached_tokens)
+            self.estimator.observe_local(tokens, time.monotonic() - req.scheduled_time)
+            self._publish()
+
+    def observe_remote(self, resp, arrival_seconds: float) -> None:
+        """A PrefillResponse (OK): its compute rate and the transfer's bandwidth."""
+        self.estimator.observe_remote(resp.num_computed_tokens, resp.compute_seconds)
+        self.estimator.observe_transfer(resp.transferred_bytes,
+                                        resp.transfer_seconds + arrival_seconds)
+        self._publish()
+
+    def _publish(self) -> None:
+        r = self.estimator.rates()
+        gauge = self.metrics.pd_rates.labels
+        gauge("local_prefill_tokens_per_second").set(r.local_tokens_per_s)
+        gauge("remote_prefill_tokens_per_second").set(r.remote_tokens_per_s)
+        gauge("transfer_bytes_per_second").set(r.transfer_bytes_per_s)

@@ -1,0 +1,95 @@
+"""The cost-based P/D decider on constructed queue states (decode_service/pd_decider.py)."""
+from __future__ import annotations
+
+import pytest
+
+from decode_service.pd_decider import (
+    PRIOR_PREFILL_TOKENS_PER_S,
+    PDEstimator,
+    PDPolicy,
+    PDRates,
+    PDState,
+    decide,
+)
+
+RATES = PDRates(local_tokens_per_s=2000.0, remote_tokens_per_s=2000.0,
+                transfer_bytes_per_s=1e9)
+POLICY = PDPolicy(itl_budget_s=0.05)
+BLOCK_BYTES = 16 * 2 * 30 * 3 * 64 * 4  # a 135M-model block of 16 tokens, float32
+
+
+def state(prompt: int, cached: int = 0, running: int = 0, decode_queue: int = 0,
+          prefill_queue: int = 0) -> PDState:
+    return PDState(prompt, cached, running, decode_queue, prefill_queue, 16, BLOCK_BYTES)
+
+
+def test_short_continuation_with_long_prefill_queue_goes_local():
+    d = decide(state(4096, cached=4032, running=8, prefill_queue=30_000), RATES, POLICY)
+    assert (d.path, d.reason) == ("local", "faster_local")
+    assert d.stall_s == pytest.approx(64 / 2000)
+    assert d.remote_s > 15.0
+
+
+def test_long_cold_prompt_with_idle_prefill_goes_remote():
+    busy = decide(state(2048, running=8), RATES, POLICY)
+    assert (busy.path, busy.reason) == ("remote", "itl_budget")
+    idle = decide(state(2048), RATES, POLICY)  # decode idle too: still remote
+    assert (idle.path, idle.reason) == ("remote", "long_prompt")
+
+
+def test_long_prompt_saturated_prefill_idle_decode_goes_local():
+    d = decide(state(2048, prefill_queue=20_000), RATES, POLICY)
+    assert (d.path, d.reason) == ("local", "prefill_saturated")
+    assert d.remote_s - d.local_s > d.stall_s
+
+
+def test_itl_budget_exceeded_while_decode_busy_goes_remote_even_if_slower():
+    d = decide(state(2048, running=1, prefill_queue=20_000), RATES, POLICY)
+    assert (d.path, d.reason) == ("remote", "itl_budget")
+    assert d.remote_s > d.local_s
+
+
+def test_short_prompt_behind_a_long_local_queue_goes_remote():
+    d = decide(state(64, decode_queue=10_000), RATES, POLICY)
+    assert (d.path, d.reason) == ("remote", "faster_remote")
+
+
+def test_fully_cached_prompt_stays_local():
+    assert decide(state(64, cached=64), RATES, POLICY).reason == "cached"
+
+
+@pytest.mark.parametrize("uncached,remote", [(15, False), (16, True), (3000, True)])
+def test_min_remote_tokens_overrides_the_estimate(uncached, remote):
+    policy = PDPolicy(min_remote_tokens=16)
+    d = decide(state(4096, cached=4096 - uncached, prefill_queue=10**6), RATES, policy)
+    assert (d.remote, d.reason) == (remote, "threshold")
+
+
+def test_transfer_cost_counts_only_blocks_decode_lacks():
+    slow_link = PDRates(2000.0, 2000.0, transfer_bytes_per_s=1e6)
+    cold = decide(state(64), slow_link, POLICY)
+    warm = decide(state(64, cached=32), slow_link, POLICY)
+    assert cold.remote_s - warm.remote_s == pytest.approx(
+        2 * BLOCK_BYTES / 1e6 + 32 / 2000, rel=1e-6)
+
+
+def test_estimator_learns_with_an_ewma_and_ignores_tiny_samples():
+    est = PDEstimator()
+    est.observe_local(8, 1.0)  # too short to measure a rate
+    assert est.rates().local_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
+    for _ in range(60):
+        est.observe_local(500, 1.0)
+        est.observe_remote(1000, 0.1)
+        est.observe_transfer(10**8, 0.5)
+    r = est.rates()
+    assert r.local_tokens_per_s == pytest.approx(500, rel=1e-3)
+    assert r.remote_tokens_per_s == pytest.approx(10_000, rel=1e-3)
+    assert r.transfer_bytes_per_s == pytest.approx(2e8, rel=1e-3)
+
+
+def test_flags_default_to_the_decider_and_keep_the_threshold():
+    from decode_service.config import parse_args
+    assert parse_args([]).min_remote_tokens is None
+    assert parse_args([]).local_prefill_itl_budget_ms == 50.0
+    cfg = parse_args(["--min-remote-tokens", "64", "--local-prefill-itl-budget-ms", "20"])
+    assert (cfg.min_remote_tokens, cfg.local_prefill_itl_budget_ms) == (64, 20.0)

@@ -1,0 +1,77 @@
+"""The cost-based P/D decider wired into a real decode worker (no --min-remote-tokens):
+a short prompt prefills here, a long cold one on the prefill worker, its continuation here
+again (decode's own hit); a saturated prefill queue keeps a long prompt here; every decision
+is counted in baton_decode_pd_decisions_total{path, reason}."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from decode_service.pd_decider import Ewma
+from decode_service.peers import PeerLoad
+
+pytestmark = pytest.mark.asyncio
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 380) for _ in range(n)]
+
+
+def decisions(decode, path: str, reason: str) -> float:
+    return decode.metrics.registry.get_sample_value(
+        "baton_decode_pd_decisions_total", {"path": path, "reason": reason}) or 0
+
+
+async def start(cluster, model):
+    prefill = await cluster.prefill(model, "grpc")
+    decode = await cluster.decode(model, "grpc", prefill.address, min_remote_tokens=None,
+                                  local_prefill_itl_budget_ms=50.0)
+    est = decode.worker.ctx.pd.estimator  # pin the rates: 1000 prompt tokens/s each side
+    est.local, est.remote = Ewma(1000.0, alpha=0.0), Ewma(1000.0, alpha=0.0)
+    return prefill, decode, cluster.client(decode)
+
+
+async def test_short_local_long_remote_continuation_local(cluster, model):
+    prefill, decode, client = await start(cluster, model)
+    short = await client.generate(prompt_of(10, seed=1))
+    assert not short.fin.timings.remote_prefill
+    assert decisions(decode, "local", "faster_local") == 1
+
+    turn1 = prompt_of(120, seed=2)  # 120 ms stall > 50 ms budget: the prefill worker's
+    first = await client.generate(turn1)
+    assert first.fin.timings.remote_prefill
+    assert decisions(decode, "remote", "long_prompt") == 1
+
+    turn2 = turn1 + first.output + prompt_of(8, seed=3)  # decode holds turn 1's blocks
+    cont = await client.generate(turn2)
+    assert not cont.fin.timings.remote_prefill
+    assert decisions(decode, "local", "faster_local") == 2
+    assert cont.fin.usage.cached_tokens >= 120
+
+
+async def test_saturated_prefill_keeps_long_prompt_local_and_queue_is_polled(cluster, model):
+    prefill, decode, client = await start(cluster, model)
+    await client.generate(prompt_of(10, seed=4))  # the first decision asks for GetStats
+    for _ in range(100):
+        if decode.peers.load(prefill.address) is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert decode.peers.load(prefill.address).num_waiting_tokens == 0
+    decode.peers._loads[prefill.address] = PeerLoad(time.monotonic(), 0, 50, 20_000,
+                                                    4, 3.0)  # 20 s of queue, fresh
+    res = await client.generate(prompt_of(120, seed=5))
+    assert not res.fin.timings.remote_prefill
+    assert decisions(decode, "local", "prefill_saturated") == 1
+
+
+async def test_min_remote_tokens_flag_overrides_the_decider(cluster, model):
+    prefill = await cluster.prefill(model, "grpc")
+    decode = await cluster.decode(model, "grpc", prefill.address, min_remote_tokens=8)
+    client = cluster.client(decode)
+    res = await client.generate(prompt_of(10, seed=6))  # the decider would keep it here
+    assert res.fin.timings.remote_prefill
+    assert decisions(decode, "remote", "threshold") == 1
