@@ -3,6 +3,7 @@ docker-compose.yml and the Kubernetes Secret set). The parsed key guards the HTT
 --api-key does, and it never shows in the config's repr (what a log line would print)."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import httpx
@@ -46,7 +47,13 @@ async def test_gateway_refuses_requests_without_the_env_key(prompts, fake):
     await gw.start()
     try:
         async with httpx.AsyncClient(base_url=gw.http_url) as c:
-            assert (await c.get("/health")).status_code == 200
+            # /health needs no key; wait for it so the last request finds the worker healthy
+            for _ in range(250):
+                if (await c.get("/health")).status_code == 200:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                pytest.fail("the gateway never saw its worker healthy")
             r = await c.post("/v1/chat/completions", json=CHAT)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             r = await c.post("/v1/chat/completions", json=CHAT,
