@@ -4,14 +4,12 @@ docker-compose.yml and the Kubernetes Secret set). The parsed key guards the HTT
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import httpx
 import pytest
 
 from gateway.config import API_KEY_ENV, parse_args
-from gateway.server import Gateway
-from tests.gateway.conftest import gateway_config
+from tests.gateway.conftest import running_gateway
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 FLAGS = ["--model", "tiny", "--decode", "127.0.0.1:1"]
@@ -42,10 +40,7 @@ def test_parse_args_reads_the_process_environment(monkeypatch):
 async def test_gateway_refuses_requests_without_the_env_key(prompts, fake):
     parsed = parse_args(["--model", "tiny", "--decode", fake.address],
                         environ={API_KEY_ENV: "env-sekret"})
-    config = dataclasses.replace(gateway_config([fake.address]), api_key=parsed.api_key)
-    gw = Gateway(config, prompts)
-    await gw.start()
-    try:
+    async with running_gateway(prompts, [fake], api_key=parsed.api_key) as gw:
         async with httpx.AsyncClient(base_url=gw.http_url) as c:
             # /health needs no key; wait for it so the last request finds the worker healthy
             for _ in range(250):
@@ -54,13 +49,7 @@ async def test_gateway_refuses_requests_without_the_env_key(prompts, fake):
                 await asyncio.sleep(0.02)
             else:
                 pytest.fail("the gateway never saw its worker healthy")
-            r = await c.post("/v1/chat/completions", json=CHAT)
-            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-            r = await c.post("/v1/chat/completions", json=CHAT,
-                             headers={"Authorization": "Bearer wrong"})
-            assert r.status_code == 401
-            r = await c.post("/v1/chat/completions", json=CHAT,
-                             headers={"Authorization": "Bearer env-sekret"})
-            assert r.status_code == 200
-    finally:
-        await gw.stop()
+            for auth, status in ((None, 401), ("Bearer wrong", 401), ("Bearer env-sekret", 200)):
+                r = await c.post("/v1/chat/completions", json=CHAT,
+                                 headers={"Authorization": auth} if auth else {})
+                assert r.status_code == status, auth
