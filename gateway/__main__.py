@@ -47,9 +47,10 @@ async def start(config: GatewayConfig) -> _Serving:
         await gateway.stop()
         raise StartFailed from e
     grpc_note = f", gRPC on {gateway.grpc_address}" if gateway.grpc_address else ""
+    auth = "API key required" if config.api_key else "no API key"  # never the key itself
     print(f"[gateway] serving {config.served_model_name} on {gateway.http_url}{grpc_note} "
           f"(routing {config.router.policy.value}; decode {','.join(config.decode) or '-'}; "
-          f"prefill {','.join(config.prefill) or '-'})", flush=True)
+          f"prefill {','.join(config.prefill) or '-'}; {auth})", flush=True)
     return _Serving(gateway)
 
 

@@ -3,6 +3,10 @@
     python -m gateway --model smollm2-135m --decode 127.0.0.1:50051 --prefill 127.0.0.1:50061 \
         --port 8000 --grpc-port 50050 --routing session --api-key SECRET
 
+The API key may come from the environment instead: `BATON_API_KEY` is read here when
+`--api-key` is not given (containers and Kubernetes Secrets set it; a flag would show the
+key in `ps` and in the pod spec). The key is never printed or logged (`repr=False`).
+
 Workers come from `--decode` / `--prefill` (comma-separated or repeated) and from
 `--workers-file` (YAML or JSON: `{decode: [...], prefill: [...]}`, re-read periodically).
 A `host:port` whose host is a name is resolved to its IPv4 (A) records every
@@ -13,11 +17,16 @@ gateway/tool_parsers.py.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 
 from gateway.chat_templates import check_chat_template_option
 from gateway.tool_parsers import TOOL_PARSERS
+
+
+# The environment variable holding the API key when --api-key is not given.
+API_KEY_ENV = "BATON_API_KEY"
 
 
 class RoutingPolicy(str, Enum):
@@ -96,7 +105,7 @@ class GatewayConfig:
     port: int = 8000
     grpc_host: str = "127.0.0.1"
     grpc_port: int | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: never in logs
     max_body_bytes: int = 8 << 20
     max_model_len: int | None = None
     block_size: int | None = None
@@ -168,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=None, help="gRPC front port (off if unset)")
     p.add_argument("--routing", choices=[r.value for r in RoutingPolicy], default="session")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context limit (default: the model's max_position_embeddings)")
@@ -197,16 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> GatewayConfig:
-    """Command line → GatewayConfig; exits with a usage message on bad flags."""
+def parse_args(argv: list[str] | None = None,
+               environ: dict[str, str] | None = None) -> GatewayConfig:
+    """Command line (and $BATON_API_KEY from `environ`, default os.environ) → GatewayConfig;
+    exits with a usage message on bad flags. The flag wins when given (`--api-key ''` turns
+    the key off); surrounding whitespace is dropped (a Secret made from a file often ends in a
+    newline); an empty key means none."""
     parser = build_parser()
     a = parser.parse_args(argv)
+    env = os.environ if environ is None else environ
+    api_key = a.api_key if a.api_key is not None else env.get(API_KEY_ENV, "")
     try:
         return GatewayConfig(
             model=a.model, served_model_name=a.served_model_name,
             decode=_addresses(a.decode), prefill=_addresses(a.prefill),
             workers_file=a.workers_file, host=a.host, port=a.port, grpc_host=a.grpc_host,
-            grpc_port=a.grpc_port, api_key=a.api_key or None, max_body_bytes=a.max_body_bytes,
+            grpc_port=a.grpc_port, api_key=api_key.strip() or None,
+            max_body_bytes=a.max_body_bytes,
             max_model_len=a.max_model_len, block_size=a.block_size,
             prefill_mode=PrefillModeChoice(a.prefill_mode), chat_template=a.chat_template,
             tool_call_parser=a.tool_call_parser, max_inflight=a.max_inflight,

@@ -8,6 +8,8 @@ Nothing is ever fetched from a model hub.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import logging
@@ -90,32 +92,102 @@ def _gguf_path(spec: GGUFModel) -> Path:
     return path
 
 
-def _convert_gguf(spec: GGUFModel, dest: Path) -> None:
-    """Dequantize the GGUF file to fp32 safetensors + tokenizer files in `dest` (atomic)."""
+def _write_converted(gguf: Path, out: Path) -> None:
+    """Dequantize `gguf` to fp32 safetensors + tokenizer files in the folder `out`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(loaded).__name__]
+    # save_pretrained refuses a GGUF-loaded model: rebuild a plain one and copy the weights.
+    fresh = type(loaded)(config)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+# A conversion folder this old was left by a killed process (a conversion takes ~40 s).
+STALE_TMP_S = 3600.0
+
+
+@contextlib.contextmanager
+def _cache_lock(path: Path, name: str):
+    """Hold an exclusive lock on `path` so that processes sharing a cache (pods on one
+    ReadWriteMany volume, compose services) convert a model once; the others wait, then find
+    it done. POSIX record locks (fcntl) work on local disks and NFSv4; the kernel drops them
+    when the holder dies. Yields whether the lock is held: where the filesystem refuses
+    locks, conversion goes on unlocked, still correct (see _publish), only repeated."""
+    with open(path, "a") as f:
+        try:
+            try:
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"[baton] waiting for another process converting {name}...",
+                      file=sys.stderr, flush=True)
+                fcntl.lockf(f, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
+            logger.warning("cannot lock %s (%s): converting without a lock", path, e)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def _remove_stale(parent: Path, prefix: str) -> None:
+    """Delete conversion folders (`prefix`*) that killed processes left behind."""
+    now = time.time()
+    for p in parent.glob(prefix + "*"):
+        with contextlib.suppress(OSError):
+            if p.is_dir() and now - p.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Move the finished folder `tmp` to `dest` in one rename, so a reader sees no folder or a
+    complete one, never a partial one. A complete `dest` is never replaced: another process
+    published the same conversion first (a pod may already be loading it), and `tmp` is
+    dropped by the caller. An incomplete `dest` (no config.json: not written by this code)
+    is renamed aside first, so replacing it is atomic too."""
+    for _ in range(3):
+        try:
+            tmp.rename(dest)
+            return
+        except OSError:  # dest exists (ENOTEMPTY / EEXIST)
+            if (dest / "config.json").is_file():
+                return
+            aside = dest.with_name(f".{dest.name}-old-{os.getpid()}-{time.monotonic_ns()}")
+            with contextlib.suppress(FileNotFoundError):  # someone else moved it already
+                dest.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(f"cannot publish the converted model at {dest}")
+
+
+def _convert_gguf(spec: GGUFModel, dest: Path) -> None:
+    """Convert the GGUF model into `dest`, safely when several processes do it at once into a
+    shared cache: one converts (under a lock) into a private folder beside `dest` and renames
+    it into place; the others wait for it and return."""
     gguf = _gguf_path(spec)
-    print(f"[baton] converting {gguf.name} → {dest} (one time, ~40 s)...", file=sys.stderr,
-          flush=True)
-    start = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=dest.parent))
-    try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.architectures = [type(loaded).__name__]
-        # save_pretrained refuses a GGUF-loaded model: rebuild a plain one and copy the weights.
-        fresh = type(loaded)(config)
-        fresh.load_state_dict(loaded.state_dict())
-        fresh.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    prefix = f".{spec.name}-"
+    with _cache_lock(dest.parent / f".{spec.name}.lock", spec.name) as locked:
+        if (dest / "config.json").is_file():  # converted while we waited for the lock
+            return
+        if locked:  # nobody else converts now: only the dead leave folders behind
+            _remove_stale(dest.parent, prefix)
+        print(f"[baton] converting {gguf.name} → {dest} (one time, ~40 s)...", file=sys.stderr,
+              flush=True)
+        start = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=dest.parent))
+        try:
+            _write_converted(gguf, tmp)
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users
+            _publish(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"[baton] converted in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
 

@@ -2,8 +2,8 @@
 even where no kustomize binary exists; where `kubectl kustomize` exists the tests check that
 both render the same objects.
 
-Supported kustomization fields: resources (files and folders), patches (strategic-merge
-patch files named by `path`, matched by kind and name), replicas, images. Anything else is
+Supported kustomization fields: namespace, resources (files and folders), patches
+(strategic-merge patch files named by `path`, matched by kind and name), replicas, images. Anything else is
 an error, so a new kustomize feature in deploy/k8s is noticed here, not silently ignored.
 """
 from __future__ import annotations
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import yaml
 
-SUPPORTED = {"apiVersion", "kind", "resources", "patches", "replicas", "images"}
+SUPPORTED = {"apiVersion", "kind", "namespace", "resources", "patches", "replicas", "images"}
+# Kinds without a namespace; kustomize's `namespace:` renames Namespace objects instead.
+CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole",
+                  "ClusterRoleBinding"}
 # Strategic merge patch keys of the lists deploy/k8s patches (Kubernetes' patchMergeKey).
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name",
               "volumes": "name", "volumeMounts": "mountPath", "ports": "containerPort",
@@ -43,7 +46,17 @@ def build(folder: Path) -> list[dict]:
         find(docs, None, rep["name"])["spec"]["replicas"] = rep["count"]
     for image in spec.get("images", []):
         set_image(docs, image)
+    if "namespace" in spec:
+        set_namespace(docs, spec["namespace"])
     return docs
+
+
+def set_namespace(docs: list[dict], namespace: str) -> None:
+    for doc in docs:
+        if doc["kind"] == "Namespace":
+            doc["metadata"]["name"] = namespace
+        elif doc["kind"] not in CLUSTER_SCOPED:
+            doc["metadata"]["namespace"] = namespace
 
 
 def find(docs: list[dict], kind: str | None, name: str) -> dict:

@@ -94,6 +94,69 @@ def test_only_the_gateway_publishes_a_port():
     assert [s for s in services if services[s].get("ports")] == ["gateway"]
     [port] = services["gateway"]["ports"]
     assert (port["target"], port["published"]) == (8000, "18080")
+    # loopback unless exposing it is asked for
+    assert port["host_ip"] == "127.0.0.1"
+    [port] = resolved(BATON_BIND="0.0.0.0")["services"]["gateway"]["ports"]
+    assert (port["host_ip"], port["published"]) == ("0.0.0.0", "8000")
+
+
+def test_api_key_comes_from_the_environment():
+    """BATON_API_KEY reaches the gateway as an environment variable (never a flag, never the
+    workers), and the gateway's own parser reads it from there."""
+    from gateway.config import API_KEY_ENV
+    from gateway.config import parse_args as gateway_args
+
+    services = resolved(BATON_API_KEY="k-123")["services"]
+    gateway = services["gateway"]
+    assert gateway["environment"][API_KEY_ENV] == "k-123"
+    assert gateway["environment"]["BATON_CACHE_DIR"] == "/var/cache/baton"  # still merged
+    for name, s in services.items():
+        assert not any("k-123" in arg for arg in s["command"]), name
+        if name != "gateway":
+            assert API_KEY_ENV not in s["environment"], name
+    assert gateway_args(gateway["command"][1:], environ=gateway["environment"]).api_key == \
+        "k-123"
+    unset = resolved()["services"]["gateway"]
+    assert gateway_args(unset["command"][1:], environ=unset["environment"]).api_key is None
+
+
+def test_resource_limits():
+    """Every container has a memory limit; a worker's covers its KV pool plus weights and
+    runtime (~1.6 GB measured at peak), and its CPU limit is its torch thread count."""
+    services = resolved()["services"]
+    for name, s in services.items():
+        limits = s["deploy"]["resources"]["limits"]
+        assert int(limits["memory"]) > 0 and float(limits["cpus"]) > 0, name
+    for worker in WORKERS:
+        s = services[worker]
+        limits = s["deploy"]["resources"]["limits"]
+        kv = _flag(s["command"], "--kv-cache-memory-bytes")
+        assert int(limits["memory"]) >= kv + (2 << 30), worker
+        assert float(limits["cpus"]) == float(s["environment"]["OMP_NUM_THREADS"])
+    raised = resolved(BATON_WORKER_MEMORY="12g", BATON_THREADS="4")["services"]["decode"]
+    assert raised["deploy"]["resources"]["limits"] == {"cpus": 4, "memory": str(12 << 30)}
+
+
+def _header_default(text: str) -> str:
+    """'nixl | grpc' -> 'nixl', '2 GiB' -> '2147483648', 'none: ...' -> '', '2: ...' -> '2'."""
+    value = text.split(": ", 1)[0].split("|", 1)[0].strip()
+    if m := re.fullmatch(r"(\d+) GiB", value):
+        return str(int(m.group(1)) << 30)
+    return "" if value == "none" else value
+
+
+def test_header_defaults_match_the_file():
+    """The settings the header lists, with the defaults it states, are the ones used."""
+    text = COMPOSE_FILE.read_text()
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    stated = {m.group(1): _header_default(m.group(2))
+              for m in re.finditer(r"(BATON_[A-Z_]+) \(([^)]*)\)", header)}
+    used: dict[str, set[str]] = {}
+    for m in re.finditer(r"\$\{(BATON_[A-Z_]+):-([^}]*)\}", text):
+        used.setdefault(m.group(1), set()).add(m.group(2))
+    assert set(stated) == set(used)
+    for var, defaults in used.items():
+        assert defaults == {stated[var]}, var
 
 
 def test_settings_come_from_the_environment():

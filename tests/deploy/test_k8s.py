@@ -57,8 +57,8 @@ def test_overlays_exist():
 def test_base_files_validate():
     docs = [d for p in sorted((K8S / "base").glob("*.yaml")) if p.name != "kustomization.yaml"
             for d in yaml.safe_load_all(p.read_text()) if d]
-    assert {d["kind"] for d in docs} == {"ConfigMap", "Service", "Deployment",
-                                         "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Service", "Deployment",
+                                         "PodDisruptionBudget", "PersistentVolumeClaim"}
     validate(docs)
 
 
@@ -185,6 +185,8 @@ def expand(arg: str, config: dict[str, str], container: dict) -> str:
     """Kubernetes' $(VAR) expansion from the ConfigMap; POD_IP stands in as 10.0.0.7."""
     env = dict(config)
     for e in container.get("env", []):
+        if "secretKeyRef" in e["valueFrom"]:
+            continue  # a secret is read by the process, never expanded into its arguments
         assert e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         env["POD_IP"] = "10.0.0.7"
 
@@ -218,3 +220,50 @@ def test_args_parse_with_the_real_parsers(overlay):
                 assert parsed.server.advertise_address == f"10.0.0.7:{parsed.server.port}"
                 assert parsed.server.host == "0.0.0.0"
                 assert parsed.transport == config["BATON_TRANSPORT"]
+
+
+def test_namespace_is_stated_once(overlay):
+    """The base's kustomize `namespace:` puts every object in `baton` and a Namespace object
+    creates it, so `kubectl apply -k` needs no -n; no overlay or manifest names another."""
+    _, docs = overlay
+    [ns] = by_kind(docs, "Namespace").values()
+    assert ns["metadata"]["name"] == "baton"
+    for d in docs:
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == "baton", (d["kind"], d["metadata"]["name"])
+    stated = [p.relative_to(K8S) for p in K8S.rglob("*.yaml")
+              if re.search(r"^\s*namespace:", p.read_text(), re.M)]
+    assert stated == [Path("base/kustomization.yaml")]
+
+
+def test_gateway_reads_the_api_key_from_an_optional_secret(overlay):
+    from gateway.config import API_KEY_ENV
+
+    _, docs = overlay
+    for name, dep in by_kind(docs, "Deployment").items():
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container.get("env", [])}
+        if name != "baton-gateway":
+            assert API_KEY_ENV not in env, name  # workers never see it
+            continue
+        ref = env[API_KEY_ENV]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "baton-api-key", "key": "api-key", "optional": True}
+        assert not any("api-key" in a for a in container["args"])  # not a flag
+
+
+def test_model_cache_is_one_shared_claim(overlay):
+    """Every pod mounts the same ReadWriteMany claim at the cache dir: the model is converted
+    once for the cluster (registry.py makes concurrent converters safe), not per pod."""
+    _, docs = overlay
+    [claim] = by_kind(docs, "PersistentVolumeClaim").values()
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
+    for name, dep in by_kind(docs, "Deployment").items():
+        pod = dep["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["model-cache"] == {"name": "model-cache", "persistentVolumeClaim":
+                                          {"claimName": claim["metadata"]["name"]}}, name
+        assert not any("emptyDir" in v for v in volumes.values()), name
+        for c in pod["initContainers"] + pod["containers"]:
+            assert {"name": "model-cache", "mountPath": config["BATON_CACHE_DIR"]} in \
+                c["volumeMounts"], (name, c["name"])
