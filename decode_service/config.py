@@ -71,15 +71,21 @@ class DecodeConfig(RoleConfig):
         return self.on_prefill_failure == "recompute"
 
 
+def _threshold(text: str) -> int | None:
+    """--min-remote-tokens: a token count, or 'auto' (None: the decider), so deployment files
+    can pass the flag always and leave the choice to an environment variable."""
+    return None if text == "auto" else int(text)
+
+
 def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     p = argparse.ArgumentParser(prog="baton serve-decode",
                                 description="Baton decode worker (gRPC DecodeService).")
     g = add_role_args(p, DEFAULT_PORT, "decode")
     g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
-    g.add_argument("--min-remote-tokens", type=int, default=None,
+    g.add_argument("--min-remote-tokens", type=_threshold, default=None,
                    help="fixed P/D threshold: prefill an uncached suffix of at least this "
-                        "many tokens remotely, a shorter one here (default: the cost-based "
-                        "decider chooses per request)")
+                        "many tokens remotely, a shorter one here ('auto' or unset: the "
+                        "cost-based decider chooses per request)")
     g.add_argument("--local-prefill-itl-budget-ms", type=float, default=50.0,
                    help="cost-based P/D: the longest stall a local prefill may put on a busy "
                         "decode batch before it goes to the prefill worker")

@@ -168,6 +168,10 @@ def test_settings_come_from_the_environment():
     assert services["model"]["command"] == ["prepare-model", "/models/x"]
     defaults = resolved()["services"]
     assert "--transport=nixl" in defaults["decode"]["command"]
+    # by default the decode worker's cost-based P/D decider chooses (no fixed threshold)
+    from decode_service.config import parse_args as decode_args
+    assert "--min-remote-tokens=auto" in defaults["decode"]["command"]
+    assert decode_args(["--min-remote-tokens=auto"]).min_remote_tokens is None
     assert defaults["decode"]["environment"]["UCX_TLS"] == "tcp"
     for s in defaults.values():
         assert any(v["target"] == "/var/cache/baton" for v in s["volumes"])
