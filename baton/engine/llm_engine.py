@@ -2,12 +2,14 @@
 
 A request's life inside `LLMEngine`:
 1. `add_request`: validate (non-empty, ids in vocab, prompt + max_tokens within the context),
-   resolve `max_tokens`, give a seeded request its own generator, queue it.
+   resolve `max_tokens`, give a seeded request its own generator and a structured one its
+   grammar matcher (grammar.py; a schema that does not compile is a ValueError), queue it.
 2. `step`: the scheduler picks decodes and prefill chunks under the token budget (prefix-cache
    hits skip computed blocks); the ModelRunner runs one forward over all of them and samples
    for the rows that completed their known tokens.
-3. For each sampled token: append, register newly full blocks in the prefix cache, detokenize
-   incrementally, check eos / stop ids / stop strings / max_tokens / context limit.
+3. For each sampled token: advance its grammar, append, register newly full blocks in the
+   prefix cache, detokenize incrementally, check eos / stop ids / stop strings / the grammar's
+   end / max_tokens / context limit.
 4. Finished or aborted requests release their blocks (to the prefix cache) at once, unless
    the `finish_hook` keeps them (the prefill role's `BlockHolds`).
 
@@ -26,6 +28,7 @@ import torch
 
 from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer
+from baton.engine.grammar import GrammarCompiler
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
@@ -73,6 +76,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
         self.finish_hook: Callable[[Request, RequestStatus], bool] | None = None
         torch.manual_seed(config.seed)
@@ -132,6 +136,8 @@ class LLMEngine:
                       eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids)
         if params.seed is not None:
             req.generator = make_generator(params.seed)
+        if params.structured_output is not None:
+            req.grammar = self.grammars.matcher(params.structured_output)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         self.requests[request_id] = _Tracked(req, detok)
         return req
@@ -230,18 +236,23 @@ class LLMEngine:
         for role components: the first token of a remote prefill). KeyError: not live."""
         tracked = self.requests[request_id]
         req = tracked.request
+        try:
+            complete = req.grammar is not None and req.grammar.advance(token)
+        except ValueError as e:  # a token its grammar forbids (e.g. a first token from a
+            return self.end_request(request_id, RequestStatus.FINISHED_ERROR, str(e))  # peer)
         req.append_output_token(token)
         totals = self.scheduler.totals
         totals.generation_tokens += 1
         if len(req.output_token_ids) == 1:
             totals.prompt_tokens += req.num_prompt_tokens
-        status, delta = self._check_stop(tracked, token)
+        status, delta = self._check_stop(tracked, token, complete)
         if status is not None:
             del self.requests[request_id]
             self._finish(req, status)
         return self._output(tracked, [token], delta, lps)
 
-    def _check_stop(self, tracked: _Tracked, token: int) -> tuple[RequestStatus | None, str]:
+    def _check_stop(self, tracked: _Tracked, token: int,
+                    grammar_complete: bool) -> tuple[RequestStatus | None, str]:
         req, params = tracked.request, tracked.request.sampling_params
         n_out = len(req.output_token_ids)
         may_stop = n_out >= params.min_tokens
@@ -254,6 +265,8 @@ class LLMEngine:
         if update.stop_string is not None:
             req.stop_reason = update.stop_string
             return RequestStatus.FINISHED_STOPPED, update.text_delta
+        if grammar_complete:  # whatever min_tokens says: the grammar allows nothing more
+            return RequestStatus.FINISHED_STOPPED, update.text_delta + tracked.detok.flush()
         if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH, update.text_delta + tracked.detok.flush()
         return None, update.text_delta
