@@ -10,6 +10,10 @@ advancing the matcher by one token. Single-threaded, as a worker's engine thread
         llguidance outlines-core transformers==5.24.0
     PYTHONPATH=. /tmp/gvenv/bin/python benchmarks/grammar_libs.py \
         --tokenizer ~/.cache/baton/models/smollm2-135m
+    PYTHONPATH=. python benchmarks/grammar_libs.py --sampler   # Baton's Sampler, xgrammar
+
+`--sampler` times one `Sampler` call on a batch of 8 rows (greedy, V = the vocabulary) with
+0, 1 and 8 rows under the schema: the whole per-step cost of structured outputs in Baton.
 """
 from __future__ import annotations
 
@@ -137,16 +141,43 @@ def measure(lib, schema, tokens, repeats):
     return compile_ms, first, statistics.median(steps), statistics.mean(steps), max(steps)
 
 
+def sampler_cost(tok, vocab: int, steps: int = 50) -> None:
+    from baton.engine.grammar import GrammarCompiler
+    from baton.engine.sampler import Sampler
+    from baton.sampling_params import SamplingParams, StructuredOutput, StructuredOutputKind
+    compiler = GrammarCompiler(tok, vocab, [tok.eos_token_id])
+    spec = StructuredOutput(StructuredOutputKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    tokens = tok.encode(json.dumps(ANSWER, separators=(", ", ": ")), add_special_tokens=False)
+    sampler, params = Sampler(), [SamplingParams(temperature=0.0)] * 8
+    print(f"Sampler, 8 greedy rows, V={vocab}: median us per step")
+    for constrained in (0, 1, 8):
+        times = []
+        for _ in range(3):
+            ms = [compiler.matcher(spec) for _ in range(constrained)]
+            for t in tokens[:steps]:
+                logits = torch.randn(8, vocab)
+                grammars = ms + [None] * (8 - constrained) if ms else None
+                s = time.perf_counter()
+                sampler(logits, params, [None] * 8, grammars=grammars)
+                times.append((time.perf_counter() - s) * 1e6)
+                for m in ms:
+                    m.advance(t)
+        print(f"  {constrained} constrained: {statistics.median(times):8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default=str(Path.home() / ".cache/baton/models/smollm2-135m"))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--libs", default="xgrammar,llguidance,outlines-core")
+    ap.add_argument("--sampler", action="store_true", help="time Baton's Sampler instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     vocab = len(tok)
+    if args.sampler:
+        return sampler_cost(tok, vocab)
     tokens = tok.encode(json.dumps(ANSWER), add_special_tokens=False)
     libs = {"xgrammar": XGrammar, "llguidance": LLGuidance, "outlines-core": OutlinesCore}
     print(f"vocab {vocab}, answer {len(tokens)} tokens, {args.repeats} walks")

@@ -145,15 +145,18 @@ def apply_grammar_masks(logits: Tensor, grammars: Sequence[GrammarMatcher | None
 
     logits: [B, V] float32; grammars: length B (None = unconstrained row), or None for a
     batch without any. owned: `logits` may be written in place (else a copy is made, and
-    only when some row is constrained).
+    only when some row is constrained). The mask is applied in torch (`unpack_bitmask`):
+    on CPU it is several times faster than xgrammar's own `apply_token_bitmask_inplace`
+    (benchmarks/grammar_libs.py --sampler) and it runs unchanged on an accelerator.
     """
     rows = [i for i, g in enumerate(grammars or ()) if g is not None]
     if not rows:
         return logits
-    bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[1])  # all allowed
-    for i in rows:
-        grammars[i].fill_mask(bitmask, i)
+    bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[1])  # [R, ceil(V / 32)]
+    for j, i in enumerate(rows):
+        grammars[i].fill_mask(bitmask, j)
     out = logits if owned else logits.clone()
-    xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), vocab_size=logits.shape[1],
-                                    indices=rows)
+    index = torch.tensor(rows, device=logits.device)
+    forbidden = ~unpack_bitmask(bitmask.to(logits.device), logits.shape[1])  # [R, V]
+    out[index] = out[index].masked_fill_(forbidden, float("-inf"))
     return out
