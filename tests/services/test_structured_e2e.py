@@ -136,3 +136,14 @@ async def test_remote_prefill_equals_colocated_under_a_schema(stack, smollm2):
             assert outs[decode_pb2.PREFILL_MODE_LOCAL] == outs[decode_pb2.PREFILL_MODE_REMOTE]
     finally:
         await client.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_schema_the_workers_cannot_compile_is_400(stack):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "(?<=a)b"}}}  # valid JSON Schema; xgrammar: no lookbehind
+    async with httpx.AsyncClient(base_url=stack[0], timeout=60) as c:
+        r = await c.post("/v1/chat/completions", json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": fmt})
+    assert r.status_code == 400 and "Lookbehind" in r.json()["error"]["message"], r.text
