@@ -238,21 +238,24 @@ class LLMEngine:
         req = tracked.request
         try:
             complete = req.grammar is not None and req.grammar.advance(token)
-        except ValueError as e:  # a token its grammar forbids (e.g. a first token from a
-            return self.end_request(request_id, RequestStatus.FINISHED_ERROR, str(e))  # peer)
+        except ValueError as e:  # a token its grammar forbids: a peer's first token
+            return self.end_request(request_id, RequestStatus.FINISHED_ERROR, str(e))
         req.append_output_token(token)
         totals = self.scheduler.totals
         totals.generation_tokens += 1
         if len(req.output_token_ids) == 1:
             totals.prompt_tokens += req.num_prompt_tokens
-        status, delta = self._check_stop(tracked, token, complete)
+        status, delta = self._check_stop(tracked, token)
+        if complete and status in (None, RequestStatus.FINISHED_LENGTH):
+            # the grammar allows nothing more (whatever min_tokens says): a normal stop
+            delta += tracked.detok.flush() if status is None else ""
+            status = RequestStatus.FINISHED_STOPPED
         if status is not None:
             del self.requests[request_id]
             self._finish(req, status)
         return self._output(tracked, [token], delta, lps)
 
-    def _check_stop(self, tracked: _Tracked, token: int,
-                    grammar_complete: bool) -> tuple[RequestStatus | None, str]:
+    def _check_stop(self, tracked: _Tracked, token: int) -> tuple[RequestStatus | None, str]:
         req, params = tracked.request, tracked.request.sampling_params
         n_out = len(req.output_token_ids)
         may_stop = n_out >= params.min_tokens
@@ -265,8 +268,6 @@ class LLMEngine:
         if update.stop_string is not None:
             req.stop_reason = update.stop_string
             return RequestStatus.FINISHED_STOPPED, update.text_delta
-        if grammar_complete:  # whatever min_tokens says: the grammar allows nothing more
-            return RequestStatus.FINISHED_STOPPED, update.text_delta + tracked.detok.flush()
         if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH, update.text_delta + tracked.detok.flush()
         return None, update.text_delta
