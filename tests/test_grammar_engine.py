@@ -104,3 +104,14 @@ def test_a_schema_that_does_not_compile_is_refused(tiny_llama):
     with pytest.raises(ValueError, match="json_schema"):
         engine.add_request("bad", PROMPT, SamplingParams(structured_output=bad))
     assert "bad" not in engine.requests
+
+
+def test_a_grammar_complete_on_the_last_allowed_token_is_a_stop(tiny_llama):
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    params = SamplingParams(temperature=0.0, max_tokens=200, structured_output=SPEC)
+    engine.add_request("a", PROMPT, params)
+    tokens, _ = _run(engine, "a")
+    engine.add_request("b", PROMPT, SamplingParams(temperature=0.0, max_tokens=len(tokens),
+                                                   structured_output=SPEC))
+    again, last = _run(engine, "b")
+    assert again == tokens and last.finish_reason == "stop"
