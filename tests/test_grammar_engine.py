@@ -115,3 +115,13 @@ def test_a_grammar_complete_on_the_last_allowed_token_is_a_stop(tiny_llama):
                                                    structured_output=SPEC))
     again, last = _run(engine, "b")
     assert again == tokens and last.finish_reason == "stop"
+
+
+def test_n2_completions_each_follow_the_grammar(tiny_llama):
+    llm = LLM(str(tiny_llama), block_size=8, num_blocks=64)
+    out = llm.generate([PROMPT], SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=200,
+                                                structured_output=SPEC))[0]
+    assert len(out.outputs) == 2
+    for comp in out.outputs:
+        assert comp.finish_reason == "stop"
+        jsonschema.validate(json.loads(comp.text), SCHEMA)
