@@ -158,3 +158,10 @@ def test_structured_output_round_trips_the_wire(so):
 def test_malformed_specs_are_refused(kw):
     with pytest.raises(ValueError):
         StructuredOutput(**kw)
+
+
+def test_prefix_and_suffix_are_literal_text(tok, compiler):
+    spec = StructuredOutput(StructuredOutputKind.JSON_OBJECT, "", 'héllo "q" \\\n', "\n日本")
+    m = compiler.matcher(spec)
+    ids = tok.encode('héllo "q" \\\n{"a": 1}\n日本')
+    assert [m.advance(t) for t in ids] == [False] * (len(ids) - 1) + [True]

@@ -36,8 +36,8 @@ _ANY_OBJECT = json.dumps({"type": "object"})
 
 
 def build_grammar(spec: StructuredOutput) -> xgr.Grammar:
-    """The spec's grammar: prefix, the JSON value, suffix. No tokenizer needed, so the gateway
-    can check a schema with it too. ValueError: a schema xgrammar cannot convert."""
+    """The spec's grammar: prefix, the JSON value, suffix (no tokenizer needed). ValueError: a
+    schema xgrammar cannot convert."""
     schema = spec.json_schema if spec.kind == StructuredOutputKind.JSON_SCHEMA else _ANY_OBJECT
     try:
         parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
@@ -52,7 +52,7 @@ def build_grammar(spec: StructuredOutput) -> xgr.Grammar:
 
 def _literal(text: str) -> xgr.Grammar:
     # A JSON string literal is also a valid EBNF string literal in xgrammar's syntax.
-    return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+    return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text, ensure_ascii=False)}")
 
 
 def _short(e: Exception) -> str:
