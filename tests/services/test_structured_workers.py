@@ -9,15 +9,23 @@ import grpc
 import jsonschema
 import pytest
 
+from baton import LLM
 from baton.sampling_params import SamplingParams, StructuredOutput, StructuredOutputKind
-from tests.services.test_disagg_e2e import colocated, prompt_of  # noqa: F401 (fixture)
+from tests.services.helpers import BLOCK
+from tests.services.test_disagg_e2e import prompt_of
 from tests.test_grammar_engine import SCHEMA
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SPEC = StructuredOutput(StructuredOutputKind.JSON_SCHEMA, json.dumps(SCHEMA))
 
 
-async def test_remote_prefill_follows_the_grammar_like_colocated(whole, colocated):  # noqa: F811
+@pytest.fixture(scope="module")
+def colocated(model):
+    """The servers' engine settings, in-process: the reference for token-exact checks."""
+    return LLM(str(model), block_size=BLOCK, num_blocks=96)
+
+
+async def test_remote_prefill_follows_the_grammar_like_colocated(whole, colocated):
     _, _, client = whole
     for seed, params in ((1, SamplingParams(temperature=0, max_tokens=200,
                                             structured_output=SPEC)),
