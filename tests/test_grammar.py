@@ -82,6 +82,21 @@ def test_masks_touch_only_constrained_rows_and_allow_exactly_the_grammar(tok, co
     assert not allowed[384:].any()  # padding ids are never allowed
 
 
+def test_torch_masks_equal_xgrammars_own_kernel(tok, compiler):
+    import xgrammar as xgr
+    ms = [compiler.matcher(SPEC), None, compiler.matcher(SPEC)]
+    for t in tok.encode('{"city": "Pa'):
+        ms[2].advance(t)
+    logits = torch.randn(3, VOCAB)
+    ours = apply_grammar_masks(logits, ms, owned=False)
+    bitmask = xgr.allocate_token_bitmask(3, VOCAB)
+    ms[0].fill_mask(bitmask, 0)
+    ms[2].fill_mask(bitmask, 2)
+    ref = logits.clone()
+    xgr.apply_token_bitmask_inplace(ref, bitmask, vocab_size=VOCAB, indices=[0, 2])
+    assert torch.equal(ours, ref)
+
+
 def test_no_constrained_row_is_no_work():
     logits = torch.randn(2, VOCAB)
     assert apply_grammar_masks(logits, None, owned=False) is logits
