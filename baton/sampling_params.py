@@ -2,17 +2,56 @@
 
 Order of operations in the `Sampler` (baton/engine/sampler.py): logit bias, then repetition,
 frequency and presence penalties (baton/engine/penalties.py), temperature, then top-k, top-p,
-min-p, then one draw (greedy: the argmax of the biased, penalized logits). Stop conditions (`stop`, `stop_token_ids`, eos, `max_tokens`,
-`min_tokens`) are applied by the engine and the `IncrementalDetokenizer`.
+min-p, then one draw (greedy: the argmax of the biased, penalized logits). A
+`structured_output` masks the tokens its grammar forbids after the penalties and before
+temperature (baton/engine/grammar.py). Stop conditions (`stop`, `stop_token_ids`, eos,
+`max_tokens`, `min_tokens`, a grammar's end) are applied by the engine and the
+`IncrementalDetokenizer`.
 """
 from __future__ import annotations
 
+import enum
+import json
 from dataclasses import dataclass, field
 
 # Temperatures below this are greedy: logits / T would overflow float32 long before T = 0
 # (vLLM uses the same threshold, `_SAMPLING_EPS`).
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
+
+
+class StructuredOutputKind(enum.IntEnum):
+    """What a structured output's JSON value must be (values as in common.proto)."""
+
+    JSON_OBJECT = 1  # any JSON object
+    JSON_SCHEMA = 2  # valid under `StructuredOutput.json_schema`
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """The grammar of a request's output: `prefix`, one JSON value, `suffix`, then EOS.
+
+    json_schema: the JSON Schema as JSON text (JSON_SCHEMA only); hashable, so compiled
+    grammars are cached per distinct spec. prefix, suffix: literal text around the value (a
+    forced hermes tool call: "<tool_call>\\n" and "\\n</tool_call>").
+    """
+
+    kind: StructuredOutputKind
+    json_schema: str = ""
+    prefix: str = ""
+    suffix: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StructuredOutputKind(self.kind))
+        if self.kind == StructuredOutputKind.JSON_OBJECT and self.json_schema:
+            raise ValueError("a json_object structured output takes no json_schema")
+        if self.kind == StructuredOutputKind.JSON_SCHEMA:
+            try:
+                schema = json.loads(self.json_schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not JSON: {e}") from e
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON object")
 
 
 @dataclass
@@ -40,6 +79,7 @@ class SamplingParams:
     repetition_penalty: > 0 (1 = off); divides positive and multiplies negative logits of
         tokens in the prompt or the output (CTRL; vLLM's definition).
     logit_bias: token id → value in [-100, 100] added to its logit before sampling.
+    structured_output: None, or the grammar the output must follow (JSON object / schema).
     """
 
     n: int = 1
@@ -60,6 +100,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -26,6 +26,7 @@ from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError
 from gateway.prompts import PromptBuilder, PromptError
 from gateway.sessions import session_keys
+from gateway.structured import check_proto
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -79,7 +80,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 def checked_params(p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,
                    vocab_size: int) -> common_pb2.SamplingParams:
     """Validate as the workers will (baton/worker/wire.py; ValueError), check logit_bias ids
-    against the vocabulary, and fill max_tokens from the room left."""
+    against the vocabulary and a structured output's schema (gateway/structured.py), and
+    fill max_tokens from the room left."""
     room = max_model_len - prompt_len
     if room < 1 or (p.HasField("max_tokens") and p.max_tokens > room):
         raise ValueError(f"This model's maximum context length is {max_model_len} tokens; "
@@ -90,6 +92,8 @@ def checked_params(p: common_pb2.SamplingParams, prompt_len: int, max_model_len:
     bad = next((b.token_id for b in p.logit_bias if not 0 <= b.token_id < vocab_size), None)
     if bad is not None:
         raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if p.HasField("structured_output"):
+        check_proto(p.structured_output)
     out = common_pb2.SamplingParams()
     out.CopyFrom(p)
     if not out.HasField("max_tokens"):

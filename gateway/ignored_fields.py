@@ -8,8 +8,8 @@ So, per request:
      `stream_options.<part>`;
   2. a null value is not listed (null means unset), nor a field of KNOWN_HARMLESS (it cannot
      change the output), nor a field of IGNORED_AT_DEFAULT sent with that default; a known
-     field whose value asks for more than the gateway does (`tool_choice: "required"`) is
-     added by the request model (`unenforced_fields`);
+     field whose value asks for more than the gateway does is added by the request model
+     (`unenforced_fields`);
   3. `IgnoredFieldLog.note` logs each new name once per process (WARNING, with the endpoint);
   4. `ignored_header(names)` is the `X-Baton-Ignored-Fields: a,b` header of the response,
      streaming or not.
@@ -39,7 +39,6 @@ KNOWN_HARMLESS = frozenset({
 # value is listed as ignored.
 IGNORED_AT_DEFAULT: dict[str, object] = {
     "parallel_tool_calls": True,                   # every parsed call is returned
-    "response_format": {"type": "text"},           # no structured output
     "echo": False,                                 # completions: the prompt is not echoed
     "best_of": 1,                                  # no server-side best-of
     "stream_options.continuous_usage_stats": False,  # vLLM's: usage comes only at the end

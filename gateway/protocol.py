@@ -5,7 +5,8 @@ Unknown top-level fields are accepted and named in a response header
 naming the field. vLLM's extensions `top_k`, `min_p`, `ignore_eos`, `min_tokens`,
 `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens` are accepted too, as
 are the penalties (`presence_penalty`, `frequency_penalty`, vLLM's `repetition_penalty`) and
-`logit_bias`, which the workers apply.
+`logit_bias`, which the workers apply. `response_format` and a forced `tool_choice` become a
+StructuredOutput the workers decode under (gateway/structured.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.sampling_params import MAX_LOGPROBS
+from gateway import structured
 from protos import common_pb2
 
 MAX_N = 128
@@ -61,6 +63,20 @@ class Tool(_Body):
     function: FunctionDefinition
 
 
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    # `schema` would shadow a BaseModel attribute: the JSON key is mapped onto schema_.
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # always enforced: the output follows the schema or is cut off
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class Request(_Body):
     """A top-level body: unknown fields are kept, to be named (gateway/ignored_fields.py)."""
 
@@ -96,6 +112,22 @@ class _Generation(Request):
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
     # OpenAI's shape: token ids as JSON object keys (strings); checked in logit_bias_ids.
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+
+    def structured_output(self) -> common_pb2.StructuredOutput | None:
+        """The grammar the output must follow, None for free text. RequestError: a bad
+        schema."""
+        fmt = self.response_format
+        if fmt is None:
+            return None
+        if fmt.type == "json_schema" and fmt.json_schema is None:
+            raise RequestError("response_format json_schema needs a json_schema object",
+                               "response_format")
+        try:
+            return structured.from_response_format(
+                fmt.type, fmt.json_schema.schema_ if fmt.json_schema else None)
+        except ValueError as e:
+            raise RequestError(str(e), "response_format") from e
 
     @property
     def include_usage(self) -> bool:
@@ -132,12 +164,14 @@ class ChatCompletionRequest(_Generation):
     def parse_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
-    @property
-    def unenforced_fields(self) -> list[str]:
-        # "required" or one named function would need constrained decoding: the model is
-        # offered the tools and may call one, or not.
-        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
-        return ["tool_choice"] if forced else []
+    def structured_output(self) -> common_pb2.StructuredOutput | None:
+        """A forced tool call (tool_choice "required" or named) before response_format."""
+        tools = [(t.function.name, t.function.parameters) for t in self.tools or ()]
+        try:
+            forced = structured.from_tool_choice(tools, self.tool_choice)
+        except ValueError as e:
+            raise RequestError(str(e), "tool_choice") from e
+        return forced if forced is not None else super().structured_output()
 
 
 class CompletionRequest(_Generation):
@@ -208,6 +242,9 @@ def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: 
         min_tokens=body.min_tokens, stop=stop, stop_token_ids=body.stop_token_ids or [],
         ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens)
+    so = body.structured_output()
+    if so is not None:
+        params.structured_output.CopyFrom(so)
     if body.seed is not None:
         params.seed = body.seed % (1 << 64)
     if num_logprobs is not None:

@@ -9,6 +9,8 @@
     block_pool       Block, BlockPool: ref counts, the LRU free queue, the hash → block map
     model_runner     one batched forward over a step's rows, then sampling
     sampler          temperature, top-k/p, min-p, seeded draws, logprobs (+ penalties.py)
+    grammar          structured outputs: compiled grammars (xgrammar), per-request matchers,
+                     the masks of constrained rows
     detokenizer      incremental text and stop strings
     model_limits     a model's context length and EOS ids
     stats            EngineCounts, EngineStats: all a worker may read of its engine

@@ -155,11 +155,22 @@ class IncrementalDetokenizer:
         return 0
 
 
-def check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
-               max_model_len: int) -> tuple[RequestStatus | None, str]:
+def check_stop(req: Request, detok: IncrementalDetokenizer, token: int, max_model_len: int,
+               grammar_complete: bool = False) -> tuple[RequestStatus | None, str]:
     """After `token` was appended to `req`: (the finished status it reaches, or None; the
     text it adds). Order: eos, then stop token ids (both only past min_tokens), stop strings,
-    then max_tokens / the context limit (FINISHED_LENGTH). Sets `req.stop_reason`."""
+    then max_tokens / the context limit (FINISHED_LENGTH). Sets `req.stop_reason`.
+    `grammar_complete`: its structured-output grammar allows nothing more, whatever
+    min_tokens says: a normal stop, also on the last allowed token."""
+    status, delta = _check_stop(req, detok, token, max_model_len)
+    if grammar_complete and status in (None, RequestStatus.FINISHED_LENGTH):
+        delta += detok.flush() if status is None else ""
+        status = RequestStatus.FINISHED_STOPPED
+    return status, delta
+
+
+def _check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
+                max_model_len: int) -> tuple[RequestStatus | None, str]:
     params = req.sampling_params
     n_out = len(req.output_token_ids)
     may_stop = n_out >= params.min_tokens

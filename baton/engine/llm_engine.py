@@ -1,19 +1,17 @@
 """One engine = one model, one paged KV cache, one scheduler, stepped by its owner.
 
 A request's life inside `LLMEngine`:
-1. `add_request`: validate (non-empty, ids in vocab, prompt + max_tokens within the context),
-   resolve `max_tokens`, give a seeded request its own generator, queue it.
+1. `add_request`: validate, resolve `max_tokens`, give a seeded request its generator and a
+   structured one its grammar matcher (grammar.py; ValueError if it does not compile), queue.
 2. `step`: the scheduler picks decodes and prefill chunks under the token budget (prefix-cache
-   hits skip computed blocks); the ModelRunner runs one forward over all of them and samples
-   for the rows that completed their known tokens.
-3. For each sampled token: append, register newly full blocks in the prefix cache, detokenize
-   incrementally, check eos / stop ids / stop strings / max_tokens / context limit.
-4. Finished or aborted requests release their blocks (to the prefix cache) at once, unless
-   the `finish_hook` keeps them (the prefill role's `BlockHolds`).
-
-The roles' extra states live beside it and drive it through the methods marked "for role
-components": `remote_kv.RemoteKV` (decode) and `block_holds.BlockHolds` (prefill). Status
-changes happen in the scheduler only.
+   hits skip computed blocks); the ModelRunner runs one forward and samples the rows that
+   completed their known tokens.
+3. Per sampled token: advance its grammar, append, cache newly full blocks, detokenize, check
+   the stop conditions (detokenizer.check_stop).
+4. Finished or aborted requests release their blocks at once, unless the `finish_hook` keeps
+   them. The roles' states drive the engine through the methods marked "for role components":
+   `remote_kv.RemoteKV` (decode), `block_holds.BlockHolds` (prefill). Status changes happen in
+   the scheduler only.
 """
 from __future__ import annotations
 
@@ -25,6 +23,7 @@ import torch
 
 from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
+from baton.engine.grammar import GrammarCompiler
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
@@ -32,7 +31,7 @@ from baton.engine.request import Request, RequestStatus, resolve_max_tokens
 from baton.engine.sampler import SamplerOutput, make_generator
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.scheduler import AdmissionError, Scheduler
-from baton.engine.stats import EngineCounts, EngineStats, snapshot
+from baton.engine.stats import EngineCounts, EngineStats, counts_of, snapshot
 from baton.models.decoder import DecoderModel
 from baton.models.registry import resolve_model
 from baton.outputs import StepOutput, TokenLogprob
@@ -50,9 +49,8 @@ class _Tracked:
 class LLMEngine:
     """Synchronous engine; not thread-safe (one owner thread calls add/abort/step).
 
-    finish_hook(request, status) -> bool: asked when a request ends with the finished
-    `status` (normally or not); True keeps its blocks referenced, and the hook's owner frees them later with
-    `kv.free(request_id)`. None (default): blocks are always released at once.
+    finish_hook(request, status) -> bool: asked when a request ends with the finished `status`;
+    True keeps its blocks referenced (its owner frees them with `kv.free(request_id)`).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -72,6 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
         self.finish_hook: Callable[[Request, RequestStatus], bool] | None = None
         torch.manual_seed(config.seed)
@@ -93,11 +92,8 @@ class LLMEngine:
 
     def counts(self) -> EngineCounts:
         """Queue and pool sizes; safe to call from any thread (see EngineCounts)."""
-        s, t = self.scheduler, self.scheduler.totals
-        return EngineCounts(len(s.running), len(s.waiting), len(s.remote_waits),
-                            self.kv.num_free_blocks, self.kv.num_blocks, t.num_preemptions,
-                            t.prefix_cache_queries, t.prefix_cache_hits, t.prompt_tokens,
-                            t.generation_tokens)
+        s = self.scheduler
+        return counts_of(s.running, s.waiting, s.remote_waits, self.kv, s.totals)
 
     def stats(self, include_block_hashes: bool = False) -> EngineStats:
         """A consistent snapshot; call on the engine thread."""
@@ -131,6 +127,8 @@ class LLMEngine:
                       eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids)
         if params.seed is not None:
             req.generator = make_generator(params.seed)
+        if params.structured_output is not None:
+            req.grammar = self.grammars.matcher(params.structured_output)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         self.requests[request_id] = _Tracked(req, detok)
         return req
@@ -229,12 +227,13 @@ class LLMEngine:
         for role components: the first token of a remote prefill). KeyError: not live."""
         tracked = self.requests[request_id]
         req = tracked.request
+        try:
+            complete = req.grammar is not None and req.grammar.advance(token)
+        except ValueError as e:  # a token its grammar forbids: a peer's first token
+            return self.end_request(request_id, RequestStatus.FINISHED_ERROR, str(e))
         req.append_output_token(token)
-        totals = self.scheduler.totals
-        totals.generation_tokens += 1
-        if len(req.output_token_ids) == 1:
-            totals.prompt_tokens += req.num_prompt_tokens
-        status, delta = check_stop(req, tracked.detok, token, self.max_model_len)
+        self.scheduler.totals.count_output_token(req)
+        status, delta = check_stop(req, tracked.detok, token, self.max_model_len, complete)
         if status is not None:
             del self.requests[request_id]
             self._finish(req, status)

@@ -54,7 +54,9 @@ class ModelRunner:
         params = [r.request.sampling_params for r in rows]
         history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
             if needs_token_history(params) else None
-        out = self.sampler(logits, params, [r.request.generator for r in rows], history)
+        grammars = [r.request.grammar for r in rows]
+        out = self.sampler(logits, params, [r.request.generator for r in rows], history,
+                           grammars if any(g is not None for g in grammars) else None)
         return rows, out
 
     def _prepare(self, batch: list[ScheduledRequest]):

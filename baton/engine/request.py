@@ -5,9 +5,14 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from baton.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from baton.engine.grammar import GrammarMatcher
 
 
 class RequestStatus(enum.IntEnum):
@@ -67,6 +72,7 @@ class Request:
     blocked_since: float | None = None  # time.monotonic() when admission first found no blocks
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
+    grammar: GrammarMatcher | None = None  # a structured output's matcher, advanced per token
     all_token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,6 +1,7 @@
 """Turns one step's logits into next tokens, one row per running sequence.
 
-Per row: logit bias and penalties (penalties.py, only for rows that ask), temperature, then
+Per row: logit bias and penalties (penalties.py, only for rows that ask), the grammar's mask
+(grammar.py, only for rows with a structured output), temperature, then
 top-k, top-p and min-p filtering, then one draw, all vectorized over the batch with the
 per-row parameters held as tensors. Greedy rows take the argmax.
 
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from baton.engine.grammar import GrammarMatcher, apply_grammar_masks
 from baton.engine.penalties import apply_logit_processing
 from baton.sampling_params import SamplingParams
 
@@ -53,14 +55,17 @@ class Sampler:
 
     def __call__(self, logits: Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
-                 history: list[tuple[list[int], list[int]]] | None = None) -> SamplerOutput:
+                 history: list[tuple[list[int], list[int]]] | None = None,
+                 grammars: list[GrammarMatcher | None] | None = None) -> SamplerOutput:
         """logits: [B, V] float32 (raw, before temperature); params, generators: length B;
         history: per row (prompt ids, output ids), needed when a row has penalties
-        (`penalties.needs_token_history`). Logprobs and ranks come from the raw logits."""
+        (`penalties.needs_token_history`); grammars: per row (None = unconstrained), or None
+        when no row is constrained. Logprobs and ranks come from the raw logits."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators), (
             f"logits {tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
         logits = logits.float()
         processed = apply_logit_processing(logits, params, history)
+        processed = apply_grammar_masks(processed, grammars, owned=processed is not logits)
         greedy = [p.is_greedy for p in params]
         token_ids = processed.argmax(dim=-1)
         if not all(greedy):

@@ -33,6 +33,12 @@ class Totals:
     prompt_tokens: int = 0
     generation_tokens: int = 0
 
+    def count_output_token(self, req: Request) -> None:
+        """One output token appended to `req` (its first also counts its prompt)."""
+        self.generation_tokens += 1
+        if len(req.output_token_ids) == 1:
+            self.prompt_tokens += req.num_prompt_tokens
+
 
 class EngineCounts(NamedTuple):
     """Queue and pool sizes (requests, blocks) and the cumulative `Totals`; each a single
@@ -80,3 +86,13 @@ def snapshot(waiting: Collection[Request], running: Collection[Request], kv: KVC
     hashes = tuple(kv.cached_block_hashes()) if include_block_hashes else ()
     return EngineStats(counts, waiting_tokens, kv.num_cached_blocks, kv.usage, seqs, load,
                        hashes)
+
+
+def counts_of(running: Collection[Request], waiting: Collection[Request],
+              remote_waits: Collection[Request], kv: KVCacheManager,
+              totals: Totals) -> EngineCounts:
+    """EngineCounts of a scheduler's queues, its KV manager and its totals (len() reads)."""
+    t = totals
+    return EngineCounts(len(running), len(waiting), len(remote_waits), kv.num_free_blocks,
+                        kv.num_blocks, t.num_preemptions, t.prefix_cache_queries,
+                        t.prefix_cache_hits, t.prompt_tokens, t.generation_tokens)

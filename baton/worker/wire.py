@@ -4,6 +4,7 @@ Both workers and the gateway speak `protos/`; the engine speaks dataclasses. Eve
 conversion lives here, once, so the two sides of a hand-off read a message the same way:
 
     common_pb2.SamplingParams  ⇄  SamplingParams        (sampling_params_from/to_proto)
+    common_pb2.StructuredOutput ⇄ StructuredOutput      (inside them)
     common_pb2.TokenLogprobs   ⇄  TokenLogprob          (logprob_from/to_proto)
     "stop" | "length" | ...    →  FinishReason enum     (FINISH_REASONS)
     EngineStats                →  WorkerStats           (worker_stats)
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from baton.outputs import TokenLogprob
-from baton.sampling_params import SamplingParams
+from baton.sampling_params import SamplingParams, StructuredOutput
 from protos import common_pb2
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams, **overrides) -> Sam
         frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty or 1.0,
         logit_bias=_logit_bias_from_proto(p.logit_bias),
+        structured_output=structured_output_from_proto(p.structured_output)
+        if p.HasField("structured_output") else None,
     )
     fields.update(overrides)
     return SamplingParams(**fields)
@@ -73,7 +76,19 @@ def sampling_params_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
         p.max_tokens = sp.max_tokens
     if sp.logprobs is not None:
         p.logprobs = sp.logprobs
+    if sp.structured_output is not None:
+        so = sp.structured_output
+        p.structured_output.CopyFrom(common_pb2.StructuredOutput(
+            kind=int(so.kind), json_schema=so.json_schema, prefix=so.prefix, suffix=so.suffix))
     return p
+
+
+def structured_output_from_proto(p: common_pb2.StructuredOutput) -> StructuredOutput:
+    """ValueError for an UNSPECIFIED kind or a json_schema that is not a JSON object (whether
+    the grammar compiles is checked where it is compiled: baton/engine/grammar.py)."""
+    if p.kind == common_pb2.STRUCTURED_OUTPUT_KIND_UNSPECIFIED:
+        raise ValueError("structured_output.kind is required")
+    return StructuredOutput(p.kind, p.json_schema, p.prefix, p.suffix)
 
 
 def _logit_bias_from_proto(entries) -> dict[int, float]:

@@ -68,6 +68,14 @@ async def test_chat_and_token_prompts(stub, prompts, fake):
     (dict(text="x", sampling_params=common_pb2.SamplingParams(
         logit_bias=[common_pb2.TokenBias(token_id=5, bias=-101.0)])),
      grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(
+        structured_output=common_pb2.StructuredOutput(
+            kind=common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
+            json_schema='{"type": "objekt"}'))),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(
+        structured_output=common_pb2.StructuredOutput())),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 async def test_bad_requests(stub, request_kwargs, code):
     with pytest.raises(grpc.aio.AioRpcError) as e:

@@ -1,0 +1,83 @@
+"""Structured outputs at the gateway (fake decode worker): response_format and a forced
+tool_choice reach the worker as a StructuredOutput; bad schemas are a 400."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from protos import common_pb2
+from tests.gateway.conftest import MODEL
+from tests.gateway.test_http_api import CHAT, post
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "get_time"}}]
+
+
+async def _structured(gateway, fake, path, body):
+    r = await post(gateway, path, body)
+    assert r.status_code == 200, r.text
+    sp = fake.servicer.requests[-1].sampling_params
+    return sp.structured_output if sp.HasField("structured_output") else None
+
+
+async def test_response_format_reaches_the_worker(gateway, fake):
+    chat = "/v1/chat/completions"
+    assert await _structured(gateway, fake, chat, CHAT) is None
+    assert await _structured(gateway, fake, chat, {**CHAT, "response_format": {
+        "type": "text"}}) is None
+    so = await _structured(gateway, fake, chat, {**CHAT, "response_format": {
+        "type": "json_object"}})
+    assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT and not so.json_schema
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA,
+                                                  "strict": True}}
+    for path, body in ((chat, CHAT), ("/v1/completions", {"model": MODEL, "prompt": "x"})):
+        so = await _structured(gateway, fake, path, {**body, "response_format": fmt})
+        assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA
+        assert json.loads(so.json_schema) == SCHEMA and not so.prefix
+
+
+async def test_forced_tool_choice_is_a_hermes_call_of_the_tools(gateway, fake):
+    chat = {**CHAT, "tools": TOOLS, "response_format": {"type": "json_object"}}
+    so = await _structured(gateway, fake, "/v1/chat/completions",
+                           {**chat, "tool_choice": "required"})
+    assert (so.prefix, so.suffix) == ("<tool_call>\n", "\n</tool_call>")
+    schema = json.loads(so.json_schema)
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "nope", "arguments": {}}, schema)
+    so = await _structured(gateway, fake, "/v1/chat/completions", {**chat, "tool_choice": {
+        "type": "function", "function": {"name": "get_time"}}})
+    schema = json.loads(so.json_schema)
+    jsonschema.validate({"name": "get_time", "arguments": {}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(call, schema)
+    for choice in ("auto", "none"):  # not forced: response_format applies
+        so = await _structured(gateway, fake, "/v1/chat/completions",
+                               {**chat, "tool_choice": choice})
+        assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objekt"}}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"properties": {"a": {"minimum": "zero"}}}}}},
+     "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+])
+async def test_bad_structured_requests_are_400(gateway, fake, extra, param):
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert not fake.servicer.requests
