@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
     p.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds every child may take to become ready")
+    _add_restart_args(p)
+    return p
+
+
+def _add_restart_args(p: argparse.ArgumentParser) -> None:
+    """What happens when a child dies, and how long stopping may take."""
     p.add_argument("--exit-on-child-failure", action="store_true",
                    help="stop the cluster when a child dies (CI) instead of restarting it")
     p.add_argument("--restart-delay-s", type=float, default=1.0,
@@ -60,7 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on Ctrl-C: seconds the gateway lets running streams finish")
     p.add_argument("--stop-timeout", type=float, default=15.0,
                    help="seconds a child may take to stop (the gateway: after its grace)")
-    return p
 
 
 def port_taken(a: argparse.Namespace) -> str | None:
