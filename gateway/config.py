@@ -165,46 +165,75 @@ def _addresses(values: list[str] | None) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The gateway's flags, every one with its default in --help."""
     p = argparse.ArgumentParser(prog="baton gateway",
-                                description="Baton gateway: OpenAI HTTP API + gRPC front.")
+                                description="Baton gateway: OpenAI HTTP API + gRPC front.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     p.add_argument("--served-model-name", default="", help="name clients use (default --model)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
+    p.add_argument("--grpc-host", default="127.0.0.1", help="gRPC front bind address")
+    p.add_argument("--grpc-port", type=int, default=None, help="gRPC front port (off if unset)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    _add_worker_args(p)
+    _add_prompt_args(p)
+    _add_limit_args(p)
+    return p
+
+
+def _add_worker_args(p: argparse.ArgumentParser) -> None:
+    """Where the workers are and how requests are routed among them."""
     p.add_argument("--decode", action="append", help="decode worker(s) host:port[,host:port]")
     p.add_argument("--prefill", action="append", help="prefill worker(s) host:port[,...]")
     p.add_argument("--workers-file", default=None, help="YAML/JSON {decode: [...], prefill: [...]}")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--grpc-host", default="127.0.0.1")
-    p.add_argument("--grpc-port", type=int, default=None, help="gRPC front port (off if unset)")
-    p.add_argument("--routing", choices=[r.value for r in RoutingPolicy], default="session")
-    p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    p.add_argument("--routing", choices=[r.value for r in RoutingPolicy], default="session",
+                   help="session: a session's turns stick to one worker; kv: most cached "
+                        "prefix; round-robin")
+    p.add_argument("--prefill-mode", choices=[m.value for m in PrefillModeChoice],
+                   default="auto", help="auto: the decode worker decides local or remote "
+                                        "prefill; local / remote force one")
+    p.add_argument("--poll-interval-s", type=float, default=0.5,
+                   help="seconds between GetStats polls of each worker")
+    p.add_argument("--dns-refresh-s", type=float, default=5.0,
+                   help="seconds between re-resolving worker host names (Kubernetes)")
+    p.add_argument("--overload-load", type=float, default=1.5,
+                   help="a worker reporting this load or more takes no new session")
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """How prompts are rendered and outputs parsed."""
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context limit (default: the model's max_position_embeddings)")
     p.add_argument("--block-size", type=int, default=None,
                    help="KV block size for routing hashes (default: from worker stats)")
-    p.add_argument("--prefill-mode", choices=[m.value for m in PrefillModeChoice], default="auto")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="Jinja chat template replacing the tokenizer's ('tokenizer': its own; "
                         "default: a shipped tool-aware one for SmolLM2, else the tokenizer's)")
     p.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
                    help="format of tool calls in the model's output")
-    p.add_argument("--max-inflight", type=int, default=1024)
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--poll-interval-s", type=float, default=0.5)
-    p.add_argument("--dns-refresh-s", type=float, default=5.0)
-    p.add_argument("--first-token-timeout-s", type=float, default=600.0)
-    p.add_argument("--stream-idle-timeout-s", type=float, default=300.0)
-    p.add_argument("--overload-load", type=float, default=1.5)
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    """Bounds on requests, retries, waits and shutdown."""
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                   help="largest request body (413 above)")
+    p.add_argument("--max-inflight", type=int, default=1024,
+                   help="requests in the gateway at once (429 beyond)")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="decode workers tried per request before its first token")
+    p.add_argument("--first-token-timeout-s", type=float, default=600.0,
+                   help="a request with no first token by then is retried elsewhere, else 504")
+    p.add_argument("--stream-idle-timeout-s", type=float, default=300.0,
+                   help="longest gap between messages once streaming (then an error event)")
     p.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="after SIGTERM: seconds running requests may finish (new ones: 503)")
     p.add_argument("--slo-ttft-ms", type=float, default=None,
                    help="TTFT SLO: answer 429 slo_unattainable (Retry-After) at arrival when "
                         "the workers' queues make it unattainable (default: off)")
-    p.add_argument("--access-log", action="store_true")
-    p.add_argument("--log-level", default="info")
-    return p
 
 
 def parse_args(argv: list[str] | None = None,
