@@ -77,9 +77,11 @@ def _threshold(text: str) -> int | None:
     return None if text == "auto" else int(text)
 
 
-def parse_args(argv: list[str] | None = None) -> DecodeConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """The decode worker's flags (the shared engine/server/role ones, then its own)."""
     p = argparse.ArgumentParser(prog="baton serve-decode",
-                                description="Baton decode worker (gRPC DecodeService).")
+                                description="Baton decode worker (gRPC DecodeService).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = add_role_args(p, DEFAULT_PORT, "decode")
     g.add_argument("--prefill-address", default=None, help="default prefill worker host:port")
     g.add_argument("--min-remote-tokens", type=_threshold, default=None,
@@ -89,16 +91,28 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
     g.add_argument("--local-prefill-itl-budget-ms", type=float, default=50.0,
                    help="cost-based P/D: the longest stall a local prefill may put on a busy "
                         "decode batch before it goes to the prefill worker")
-    g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"])
+    g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"],
+                   help="when a remote prefill fails: prefill here instead, or fail the request")
     g.add_argument("--prefill-timeout-seconds", type=float, default=60.0,
                    help="give a remote prefill up after this long without prefill progress")
     g.add_argument("--prefill-max-seconds", type=float, default=600.0,
                    help="hard cap of one remote prefill, queue included")
-    g.add_argument("--kv-wait-seconds", type=float, default=10.0)
-    g.add_argument("--abort-timeout-seconds", type=float, default=5.0)
-    g.add_argument("--handshake-timeout-seconds", type=float, default=5.0)
-    g.add_argument("--quarantine-grace-seconds", type=float, default=5.0)
-    g.add_argument("--max-n", type=int, default=16)
+    g.add_argument("--kv-wait-seconds", type=float, default=10.0,
+                   help="after the prefill worker said OK: longest wait for every KV block")
+    g.add_argument("--abort-timeout-seconds", type=float, default=5.0,
+                   help="timeout of one Abort call to a prefill worker")
+    g.add_argument("--handshake-timeout-seconds", type=float, default=5.0,
+                   help="timeout of the KV-layout handshake with a prefill worker")
+    g.add_argument("--quarantine-grace-seconds", type=float, default=5.0,
+                   help="blocks a transfer may still write are reused only this long after "
+                        "the prefill deadline (unless an Abort is answered first)")
+    g.add_argument("--max-n", type=int, default=16, help="most completions per request")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> DecodeConfig:
+    """Command line → DecodeConfig; exits with a usage message on bad flags."""
+    p = build_parser()
     a = p.parse_args(argv)
     try:
         return DecodeConfig(

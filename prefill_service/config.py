@@ -28,16 +28,26 @@ class PrefillConfig(RoleConfig):
             raise ValueError("lease_seconds and timeout_seconds must be positive")
 
 
-def parse_args(argv: list[str] | None = None) -> PrefillConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """The prefill worker's flags (the shared engine/server/role ones, then its own)."""
     p = argparse.ArgumentParser(prog="baton serve-prefill",
-                                description="Baton prefill worker (gRPC PrefillService).")
+                                description="Baton prefill worker (gRPC PrefillService).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = add_role_args(p, DEFAULT_PORT, "prefill")
     # A prefill worker's queue mixes continuing turns (short uncached suffixes) with cold
     # contexts: shortest-first keeps the former from queueing behind the latter.
     p.set_defaults(schedule_policy="shortest_first")
-    g.add_argument("--lease-seconds", type=float, default=30.0)
+    g.add_argument("--lease-seconds", type=float, default=30.0,
+                   help="how long sent blocks stay held waiting for the decode worker's "
+                        "ReleaseBlocks (then they go to the prefix cache)")
     g.add_argument("--timeout-seconds", type=float, default=600.0,
                    help="cap of one Prefill call (queue, compute, transfer)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> PrefillConfig:
+    """Command line → PrefillConfig; exits with a usage message on bad flags."""
+    p = build_parser()
     a = p.parse_args(argv)
     try:
         return PrefillConfig(**role_config_kwargs(a), lease_seconds=a.lease_seconds,

@@ -21,33 +21,44 @@ DEFAULT_TRACE = {
 WORKLOADS = ("tau-bench", "swe-agent", "mooncake", "agentx", "synthetic", "bursts")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default in --help."""
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The workload flags: which trace, its model/tokenizer, how it is cut and scaled."""
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", choices=WORKLOADS, default="tau-bench")
+    g.add_argument("--workload", choices=WORKLOADS, default="tau-bench",
+                   help="which agent traffic to replay (BENCHMARKS.md: Workloads)")
     g.add_argument("--trace", type=Path,
                    help="trace file or folder (default: the slice shipped in baton/bench/traces/)")
     g.add_argument("--model", default="smollm2-135m", help="served model (and its tokenizer)")
     g.add_argument("--tokenizer", help="tokenizer folder or model name; 'none' = chars/4")
-    g.add_argument("--max-sessions", type=int)
-    g.add_argument("--max-turns", type=int)
-    g.add_argument("--max-context-tokens", type=int, default=None)
-    g.add_argument("--max-output-tokens", type=int, default=None)
+    g.add_argument("--max-sessions", type=int, help="replay at most this many sessions")
+    g.add_argument("--max-turns", type=int, help="and at most this many turns of each")
+    g.add_argument("--max-context-tokens", type=int, default=None,
+                   help="end a session before a turn's prompt would exceed this")
+    g.add_argument("--max-output-tokens", type=int, default=None,
+                   help="cap each request's max_tokens")
     g.add_argument("--block-tokens", type=int, help="tokens per hash id (block traces)")
     g.add_argument("--time-scale", type=float, default=1.0, help="multiplies think/tool times")
     g.add_argument("--max-think-time", type=float, default=10.0, help="cap per gap, seconds")
     g.add_argument("--think-time", type=float, default=1.0,
                    help="gap between turns of text traces without recorded times, seconds")
-    g.add_argument("--synthetic-sessions", type=int, default=32)
+    g.add_argument("--synthetic-sessions", type=int, default=32,
+                   help="sessions of the synthetic and bursts workloads")
     g.add_argument("--prompt-format", choices=("tokens", "text"), default="tokens",
                    help="block traces: token-id prompts or text from a word list")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seed of the synthetic workloads")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The run flags: loop mode, concurrency, timings, SLOs and outputs."""
     g = p.add_argument_group("run")
-    g.add_argument("--mode", choices=("closed", "open"), default="closed")
+    g.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: --concurrency live sessions; open: sessions arrive at "
+                        "--session-rate (or the trace's timestamps)")
     g.add_argument("--concurrency", default="4", help="live sessions; a sweep: 1,2,4")
     g.add_argument("--duration", type=float, default=120.0, help="seconds per run, warm-up incl.")
     g.add_argument("--warmup", type=float, default=10.0, help="seconds excluded at the start")
@@ -56,7 +67,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
     g.add_argument("--slo-itl", type=float, default=0.2, help="seconds (per-request mean ITL)")
     g.add_argument("--output", type=Path, help="default: bench-results/<timestamp>/")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress line")
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 

@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from baton.bench.args import add_run_args, add_workload_args, counter_for, load_workload
+from baton.bench.args import (
+    HelpFormatter,
+    add_run_args,
+    add_workload_args,
+    counter_for,
+    load_workload,
+)
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.plots import plot_cdfs, plot_tradeoff, plot_turns, plot_workers
@@ -88,16 +94,18 @@ def cluster_spec(args) -> ServerSpec:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--url", help="a running gateway; without it a local cluster is started")
     p.add_argument("--quick", action="store_true", help="small local run, under 3 minutes")
     g = p.add_argument_group("local cluster (without --url)")
     g.add_argument("--cluster-mode", choices=("disaggregated", "colocated"),
-                   default="disaggregated")
-    g.add_argument("--routing", choices=("session", "kv", "round-robin"), default="session")
-    g.add_argument("--num-decode", type=int, default=1)
-    g.add_argument("--num-prefill", type=int, default=1)
-    g.add_argument("--startup-timeout", type=float, default=600.0)
+                   default="disaggregated", help="the local cluster's `baton up --mode`")
+    g.add_argument("--routing", choices=("session", "kv", "round-robin"), default="session",
+                   help="the local cluster's gateway routing")
+    g.add_argument("--num-decode", type=int, default=1, help="local cluster: decode workers")
+    g.add_argument("--num-prefill", type=int, default=1, help="local cluster: prefill workers")
+    g.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds the local cluster may take to become ready")
     add_workload_args(p)
     add_run_args(p)
     return p

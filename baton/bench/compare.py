@@ -36,7 +36,13 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from baton.bench.args import add_run_args, add_workload_args, counter_for, load_workload
+from baton.bench.args import (
+    HelpFormatter,
+    add_run_args,
+    add_workload_args,
+    counter_for,
+    load_workload,
+)
 from baton.bench.client import RequestRecord
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
@@ -143,13 +149,16 @@ def print_table(rows: dict[str, Row], title: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton bench compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--configs", default="disaggregated,colocated,session,kv,round-robin,hf",
                    help=f"comma list of {','.join(CONFIGS)}")
     p.add_argument("--urls", help="name=URL,... of running servers (nothing is started)")
-    p.add_argument("--baseline-sessions", type=int, default=4)
-    p.add_argument("--baseline-duration", type=float, default=120.0)
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--baseline-sessions", type=int, default=4,
+                   help="sessions the transformers baseline (hf) replays")
+    p.add_argument("--baseline-duration", type=float, default=120.0,
+                   help="seconds of the transformers baseline run")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds each configuration's cluster may take to become ready")
     p.add_argument("--routing-num-blocks", type=int, default=ROUTING_NUM_BLOCKS,
                    help="KV blocks per worker in the routing configurations (same for all)")
     p.add_argument("--routing-workers", type=int, default=2,

@@ -45,14 +45,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="smollm2-135m", help="registered name or HF folder")
     g.add_argument("--served-model-name", default=None,
                    help="model identity in KV layouts (default: the folder or registered name)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30)
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (bf16/fp16 are slow on CPUs without them)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30,
+                   help="KV pool size in bytes (ignored with --num-blocks)")
     g.add_argument("--num-blocks", type=int, default=None, help="fixed KV pool size (tests)")
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--no-prefix-caching", action="store_true",
+                   help="never reuse cached KV blocks across requests")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit (default: the model's, within the KV pool)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one engine step (decodes + prefill chunks)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="most running requests")
     g.add_argument("--long-prefill-token-threshold", type=int, default=512,
                    help="chunk cap: one request's prefill tokens per step (0 = none)")
     g.add_argument("--max-bypass-s", type=float, default=5.0,
@@ -65,18 +70,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-wait-s", type=float, default=10.0,
                    help="shortest_first aging: a request waiting longer than this goes "
                         "before younger ones, in arrival order (0 = fcfs)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0,
+                   help="the default RNG's seed (requests without their own seed)")
 
 
 def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
     """The server flags (bind address, advertised address, metrics port, drain, logs)."""
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="127.0.0.1", help="gRPC bind address")
     g.add_argument("--port", type=int, default=default_port, help="0 = any free port")
-    g.add_argument("--advertise-address", default=None)
-    g.add_argument("--metrics-port", type=int, default=None)
-    g.add_argument("--drain-seconds", type=float, default=30.0)
-    g.add_argument("--log-level", default="INFO")
+    g.add_argument("--advertise-address", default=None,
+                   help="host:port peers dial (default: the bound address)")
+    g.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus /metrics port (0 = any free one; default: none)")
+    g.add_argument("--drain-seconds", type=float, default=30.0,
+                   help="on SIGTERM: seconds in-flight requests may take to finish")
+    g.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     g.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: OMP_NUM_THREADS, else the CPUs this process "
                         "may run on less those busy at start)")
