@@ -208,7 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--measures", default="itl,streams,agentic")
-    p.add_argument("--prompt-words", type=int, default=216, help="~242 tokens with the tag")
+    p.add_argument("--prompt-words", type=int, default=211, help="~242 tokens with the tag")
     p.add_argument("--itl-tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--sessions", type=int, default=4)
