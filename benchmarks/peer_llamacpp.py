@@ -92,7 +92,16 @@ def _take(res: Result, chunk: dict) -> None:
 
 async def stream(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int,
                  session: int | None = None, tag: str = "") -> Result:
-    """POST one streamed completion; errors land in `Result.error`."""
+    """POST one streamed completion; errors land in `Result.error`. A keep-alive connection
+    the server closed just as it was reused (no response at all) is retried once, fresh."""
+    res = await _stream(client, server, prompt, max_tokens, session, tag)
+    if res.error and res.error.startswith("RemoteProtocolError") and res.first is None:
+        res = await _stream(client, server, prompt, max_tokens, session, tag)
+    return res
+
+
+async def _stream(client, server: Server, prompt: str, max_tokens: int, session: int | None,
+                  tag: str) -> Result:
     res = Result(start=time.perf_counter())
     try:
         async with client.stream("POST", f"{server.url}/v1/completions",
@@ -165,7 +174,8 @@ async def warm_up(client, server: Server, a) -> None:
 
 async def run_all(servers: list[Server], a) -> list[dict]:
     runs = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+    limits = httpx.Limits(keepalive_expiry=1.0)  # under llama-server's 5 s keep-alive
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         for s in servers:
             await warm_up(client, s, a)
         run_id = f"{time.time_ns() & 0xffffffff:08x}"
