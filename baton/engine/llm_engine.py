@@ -27,6 +27,7 @@ import torch
 from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer
 from baton.engine.kv_cache import KVCacheManager
+from baton.engine.kv_tier import KVTier
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
 from baton.engine.request import Request, RequestStatus, resolve_max_tokens
@@ -69,9 +70,12 @@ class LLMEngine:
         self.max_model_len = max_model_len(
             self.model.config, self.model.shape.max_position_embeddings, config.max_model_len,
             num_blocks * cache.block_size)
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
+        tier = KVTier(self.runner.kv_cache, cache.kv_host_tier_bytes, cache.kv_disk_tier_dir,
+                      cache.kv_disk_tier_bytes) if cache.kv_tier_enabled else None
+        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                 tier=tier)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
         self.requests: dict[str, _Tracked] = {}
         self.finish_hook: Callable[[Request, RequestStatus], bool] | None = None
@@ -94,11 +98,12 @@ class LLMEngine:
 
     def counts(self) -> EngineCounts:
         """Queue and pool sizes; safe to call from any thread (see EngineCounts)."""
-        s, t = self.scheduler, self.scheduler.totals
+        s, t, tier = self.scheduler, self.scheduler.totals, self.kv.tier
         return EngineCounts(len(s.running), len(s.waiting), len(s.remote_waits),
                             self.kv.num_free_blocks, self.kv.num_blocks, t.num_preemptions,
                             t.prefix_cache_queries, t.prefix_cache_hits, t.prompt_tokens,
-                            t.generation_tokens)
+                            t.generation_tokens, tier.counts() if tier is not None else (),
+                            tier.recomputed_blocks if tier is not None else 0)
 
     def stats(self, include_block_hashes: bool = False) -> EngineStats:
         """A consistent snapshot; call on the engine thread."""

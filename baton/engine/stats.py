@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from baton.engine.kv_cache import KVCacheManager
+    from baton.engine.kv_tier import TierCounts
     from baton.engine.request import Request
 
 
@@ -37,7 +38,9 @@ class Totals:
 class EngineCounts(NamedTuple):
     """Queue and pool sizes (requests, blocks) and the cumulative `Totals`; each a single
     read, so a metrics thread may take them while the engine steps (each is exact, the set
-    is not atomic)."""
+    is not atomic). kv_tiers: each KV tier's size and moves (kv_tier.TierCounts: blocks,
+    bytes, hits, misses, bytes and seconds moved); kv_tier_recomputed_blocks: tier blocks
+    found unusable (corrupt file) and recomputed."""
 
     num_running: int
     num_waiting: int  # queued for local prefill (remote-KV waits not included)
@@ -49,6 +52,8 @@ class EngineCounts(NamedTuple):
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    kv_tiers: tuple[TierCounts, ...] = ()
+    kv_tier_recomputed_blocks: int = 0
 
 
 class EngineStats(NamedTuple):

@@ -1,0 +1,215 @@
+"""The KV tier below one worker's pool: blocks the pool evicts are kept, a prefix hit there is
+loaded back instead of recomputed.
+
+    pool ──evict (BlockPool hook, before the block is reused)──▶ host ──LRU victim──▶ disk
+      ▲                                                            │                   │
+      └────────── load on a prefix hit (KVCacheManager) ───────────┴───────────────────┘
+
+- Identity: the chained block hash, with the block's tokens checked on every hit.
+- Host tier is exclusive: a hit moves the block up (its slot is freed). Disk tier is
+  inclusive: a hit copies the block up and keeps the file, so when the block comes back
+  down it is only touched, not rewritten.
+- Loads are two-phase (`claim`, then `finish` into a pool block) so the pool allocation in
+  between, which may itself evict a block into this tier, cannot push out the block being
+  loaded: a claimed host slot is out of the LRU, a claimed disk block is already read and
+  verified in a staging buffer.
+- A disk file that is missing, short or fails its CRC is dropped and counted; the caller
+  recomputes the block (and the rest of the prompt). Bytes are never decoded from it.
+- Moves on CPU are torch copies (host) and plain file I/O (disk); see
+  benchmarks/kv_tier_bandwidth.py for why not NIXL here. All on the engine thread.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from baton.engine.block_pool import Block
+from baton.engine.tier_store import DiskTier, HostTier, as_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TierTotals:
+    """Cumulative per-tier counts (engine thread writes; any thread may read one field).
+
+    hits / misses: block lookups past the pool's hits that found / did not find the block
+    in this tier. saved_* / loaded_*: blocks moved into / out of this tier, their bytes and
+    the seconds spent. dropped_blocks: blocks this tier lost to a failed write or a corrupt,
+    truncated or missing file (each recomputed when next needed).
+    """
+
+    hits: int = 0
+    misses: int = 0
+    saved_blocks: int = 0
+    saved_bytes: int = 0
+    save_seconds: float = 0.0
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0
+    dropped_blocks: int = 0
+
+
+class TierCounts(NamedTuple):
+    """One tier's size (blocks, bytes used, budget in bytes) and its `TierTotals`."""
+
+    tier: str  # "host" | "disk"
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    totals: TierTotals
+
+
+class _Claim(NamedTuple):
+    tier: str  # "host": `slot` of the host store; "disk": the load staging buffer
+    slot: int
+    started: float
+
+
+class KVTier:
+    """Host and/or disk tier for the blocks of `kv_cache`
+    [num_blocks, num_layers, 2, block_size, kv_heads, head_size].
+
+    host_bytes: host tier budget (slots = host_bytes // bytes per block; 0 = no host tier).
+    disk_dir / disk_bytes: disk tier root and budget (None / 0 = no disk tier).
+    Raises ValueError when neither tier would hold a single block.
+    """
+
+    def __init__(self, kv_cache: torch.Tensor, host_bytes: int = 0, disk_dir: str | None = None,
+                 disk_bytes: int = 0) -> None:
+        self.kv_cache = kv_cache
+        shape, dtype = kv_cache.shape[1:], kv_cache.dtype
+        self.block_bytes = kv_cache[0].numel() * kv_cache.element_size()
+        slots = host_bytes // self.block_bytes
+        self.host = HostTier(slots, shape, dtype, pin=kv_cache.is_cuda) if slots else None
+        self.disk = DiskTier(disk_dir, disk_bytes, self.block_bytes) \
+            if disk_dir and disk_bytes else None
+        if self.host is None and self.disk is None:
+            raise ValueError(f"KV tier budgets hold no {self.block_bytes}-byte block")
+        if self.disk is not None and self.disk.file_bytes(kv_cache.shape[3]) > disk_bytes:
+            raise ValueError(f"disk tier budget {disk_bytes} B holds no block file")
+        self._load_buf = torch.empty(shape, dtype=dtype)  # disk → (verified) → pool
+        self._save_buf = torch.empty(shape, dtype=dtype)  # pool → disk when no host tier
+        self.host_totals, self.disk_totals = TierTotals(), TierTotals()
+        self.recomputed_blocks = 0
+
+    # ---- down: the pool's eviction hook ------------------------------------------------
+    def offload(self, blocks: Sequence[Block]) -> None:
+        """BlockPool's eviction hook: keep the KV of `blocks` (cached, about to be reused)."""
+        for b in blocks:
+            assert b.block_hash is not None
+            if self.host is not None:
+                self._save_host(b.block_hash, b.token_ids, b.block_id)
+            else:
+                self._save_buf.copy_(self.kv_cache[b.block_id])
+                self._save_disk(b.block_hash, b.token_ids, self._save_buf)
+
+    def _save_host(self, block_hash: int, tokens: tuple[int, ...], block_id: int) -> None:
+        host, t = self.host, self.host_totals
+        if block_hash in host:  # the pool recomputed a block the tier still had
+            host.touch(block_hash)
+            return
+        if not host.free_slots and not self._spill_host_lru():
+            self._save_buf.copy_(self.kv_cache[block_id])  # every slot claimed by a load
+            self._save_disk(block_hash, tokens, self._save_buf)
+            return
+        start = time.perf_counter()
+        host.store[host.put(block_hash, tokens)].copy_(self.kv_cache[block_id])
+        t.saved_blocks += 1
+        t.saved_bytes += self.block_bytes
+        t.save_seconds += time.perf_counter() - start
+
+    def _spill_host_lru(self) -> bool:
+        """Move the host LRU block to disk (or drop it without one); False when empty."""
+        victim = self.host.lru()
+        if victim is None:
+            return False
+        block_hash, slot, tokens = victim
+        self.host.take(block_hash)
+        self._save_disk(block_hash, tokens, self.host.store[slot])
+        self.host.free_slot(slot)
+        return True
+
+    def _save_disk(self, block_hash: int, tokens: tuple[int, ...], src: torch.Tensor) -> None:
+        disk, t = self.disk, self.disk_totals
+        if disk is None:
+            return
+        if block_hash in disk:  # inclusive tier: the file is still good
+            disk.touch(block_hash)
+            return
+        start = time.perf_counter()
+        disk.evict_for(len(tokens))
+        try:
+            n = disk.write(block_hash, tokens, as_bytes(src))
+        except OSError:
+            log.exception("writing KV block %016x to the disk tier failed", block_hash)
+            t.dropped_blocks += 1
+            return
+        t.saved_blocks += 1
+        t.saved_bytes += n
+        t.save_seconds += time.perf_counter() - start
+
+    # ---- up: a prefix hit below the pool -------------------------------------------------
+    def claim(self, block_hash: int, tokens: Sequence[int]) -> _Claim | None:
+        """Find the block in host, then disk; None on a miss or a bad disk file. A claim
+        must be ended by `finish` (KVCacheManager allocates the pool block in between)."""
+        start = time.perf_counter()
+        if self.host is not None:
+            if self.host.find(block_hash, tokens):
+                self.host_totals.hits += 1
+                return _Claim("host", self.host.take(block_hash), start)
+            self.host_totals.misses += 1
+        disk = self.disk
+        if disk is None:
+            return None
+        if not disk.find(block_hash, tokens):
+            self.disk_totals.misses += 1
+            return None
+        if not disk.read_into(block_hash, tokens, as_bytes(self._load_buf)):
+            log.warning("KV block %016x: disk tier file corrupt or truncated; dropped, "
+                        "recomputing", block_hash)
+            disk.drop(block_hash)
+            self.disk_totals.dropped_blocks += 1
+            self.recomputed_blocks += 1
+            return None
+        self.disk_totals.hits += 1
+        disk.touch(block_hash)
+        return _Claim("disk", -1, start)
+
+    def finish(self, claim: _Claim, block_id: int) -> None:
+        """Copy the claimed block into pool block `block_id` (and free its host slot)."""
+        if claim.tier == "host":
+            self.kv_cache[block_id].copy_(self.host.store[claim.slot])
+            self.host.free_slot(claim.slot)
+            t = self.host_totals
+        else:
+            self.kv_cache[block_id].copy_(self._load_buf)
+            t = self.disk_totals
+        t.loaded_blocks += 1
+        t.loaded_bytes += self.block_bytes
+        t.load_seconds += time.perf_counter() - claim.started
+
+    def contains(self, block_hash: int) -> bool:
+        """Hash membership in either tier (no token check; for queue-order estimates)."""
+        return (self.host is not None and block_hash in self.host) or \
+            (self.disk is not None and block_hash in self.disk)
+
+    # ---- what metrics read ---------------------------------------------------------------
+    def counts(self) -> tuple[TierCounts, ...]:
+        """Sizes and totals of each configured tier (single reads: any thread)."""
+        out = []
+        if self.host is not None:
+            h = self.host
+            n = len(h.index)
+            out.append(TierCounts("host", n, n * self.block_bytes,
+                                  h.num_slots * self.block_bytes, self.host_totals))
+        if self.disk is not None:
+            d = self.disk
+            out.append(TierCounts("disk", len(d.index), d.used_bytes, d.capacity_bytes,
+                                  self.disk_totals))
+        return tuple(out)
