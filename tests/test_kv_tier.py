@@ -151,3 +151,37 @@ def test_loading_never_evicts_the_pool_hits_it_extends():
     assert n == 12 and [b.block_id for b in hits] == [0, 1, 2]  # a0, a1 kept; a2 into 2
     assert float(kv[2].flatten()[0]) == 108.0 and list(tier.host.index) == [
         hash_block_tokens([7, 7, 7, 7], 4)[0]]
+
+
+def test_both_workers_expose_the_tier_series():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from baton.engine.kv_tier import TierCounts, TierTotals
+    from baton.engine.stats import EngineCounts
+    from decode_service.metrics import DecodeMetrics
+    from prefill_service.metrics import PrefillMetrics
+
+    host = TierCounts("host", 3, 3 * BLOCK_BYTES, 8 * BLOCK_BYTES,
+                      TierTotals(hits=5, misses=2, saved_bytes=640, load_seconds=0.25))
+    disk = TierCounts("disk", 1, FILE_BYTES, 4 * FILE_BYTES, TierTotals(dropped_blocks=1))
+    counts = EngineCounts(0, 0, 0, 4, 4, kv_tiers=(host, disk), kv_tier_recomputed_blocks=1)
+
+    class Engine:
+        def counts(self):
+            return counts
+
+    for m in (DecodeMetrics("m"), PrefillMetrics("m")):
+        m.watch(Engine(), *([{}] if isinstance(m, PrefillMetrics) else []))
+        text = generate_latest(m.registry).decode()
+        got = {(s.name, s.labels.get("tier")): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name.startswith("baton_kv_tier")}
+        assert got[("baton_kv_tier_blocks", "host")] == 3
+        assert got[("baton_kv_tier_capacity_bytes", "disk")] == 4 * FILE_BYTES
+        assert got[("baton_kv_tier_hits_total", "host")] == 5
+        assert got[("baton_kv_tier_misses_total", "host")] == 2
+        assert got[("baton_kv_tier_saved_bytes_total", "host")] == 640
+        assert got[("baton_kv_tier_load_seconds_total", "host")] == 0.25
+        assert got[("baton_kv_tier_dropped_blocks_total", "disk")] == 1
+        assert got[("baton_kv_tier_recomputed_blocks_total", None)] == 1
