@@ -168,8 +168,9 @@ class KVCacheManager:
 
         Steps back from `hint` while the last counted block left the cache, then forward
         while the next one is in it (or in the tier); hash membership only (no token check,
-        no Block list: `get_computed_blocks` stays the exact answer at admission). Exact when evictions eat
-        a chain from its tail, as `free` releases it; misses a hole punched mid-prefix.
+        no Block list: `get_computed_blocks` stays the exact answer at admission). Exact when
+        evictions eat a chain from its tail, as `free` releases it; misses a hole punched
+        mid-prefix.
         """
         if not self.enable_prefix_caching:
             return 0

@@ -15,8 +15,9 @@ loaded back instead of recomputed.
   verified in a staging buffer.
 - A disk file that is missing, short or fails its CRC is dropped and counted; the caller
   recomputes the block (and the rest of the prompt). Bytes are never decoded from it.
-- Moves on CPU are torch copies (host) and plain file I/O (disk); see
-  benchmarks/kv_tier_bandwidth.py for why not NIXL here. All on the engine thread.
+- Moves on CPU are one memcpy per block (host; `copy_block`) and plain file I/O (disk),
+  synchronously on the engine thread; see benchmarks/kv_tier_bandwidth.py for why not NIXL
+  here.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from baton.engine.block_pool import Block
-from baton.engine.tier_store import DiskTier, HostTier, as_bytes
+from baton.engine.tier_store import DiskTier, HostTier, as_bytes, copy_block
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class KVTier:
             if self.host is not None:
                 self._save_host(b.block_hash, b.token_ids, b.block_id)
             else:
-                self._save_buf.copy_(self.kv_cache[b.block_id])
+                copy_block(self._save_buf, self.kv_cache[b.block_id])
                 self._save_disk(b.block_hash, b.token_ids, self._save_buf)
 
     def _save_host(self, block_hash: int, tokens: tuple[int, ...], block_id: int) -> None:
@@ -115,11 +116,11 @@ class KVTier:
             host.touch(block_hash)
             return
         if not host.free_slots and not self._spill_host_lru():
-            self._save_buf.copy_(self.kv_cache[block_id])  # every slot claimed by a load
+            copy_block(self._save_buf, self.kv_cache[block_id])  # every slot claimed by a load
             self._save_disk(block_hash, tokens, self._save_buf)
             return
         start = time.perf_counter()
-        host.store[host.put(block_hash, tokens)].copy_(self.kv_cache[block_id])
+        copy_block(host.store[host.put(block_hash, tokens)], self.kv_cache[block_id])
         t.saved_blocks += 1
         t.saved_bytes += self.block_bytes
         t.save_seconds += time.perf_counter() - start
@@ -184,11 +185,11 @@ class KVTier:
     def finish(self, claim: _Claim, block_id: int) -> None:
         """Copy the claimed block into pool block `block_id` (and free its host slot)."""
         if claim.tier == "host":
-            self.kv_cache[block_id].copy_(self.host.store[claim.slot])
+            copy_block(self.kv_cache[block_id], self.host.store[claim.slot])
             self.host.free_slot(claim.slot)
             t = self.host_totals
         else:
-            self.kv_cache[block_id].copy_(self._load_buf)
+            copy_block(self.kv_cache[block_id], self._load_buf)
             t = self.disk_totals
         t.loaded_blocks += 1
         t.loaded_bytes += self.block_bytes
