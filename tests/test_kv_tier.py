@@ -140,17 +140,18 @@ def test_a_prefix_evicted_to_the_host_tier_is_loaded_back_as_hits():
 
 
 def test_loading_never_evicts_the_pool_hits_it_extends():
-    kv = _cache(3)
+    kv = _cache(4)
     tier = KVTier(kv, host_bytes=8 * BLOCK_BYTES)
-    mgr = KVCacheManager(num_blocks=3, block_size=4, tier=tier)
+    mgr = KVCacheManager(num_blocks=4, block_size=4, tier=tier)
     a = list(range(100, 112))
-    _fill(mgr, kv, "a", a)  # blocks 0, 1, 2 hold a0, a1, a2; free queue [2, 1, 0]
-    _fill(mgr, kv, "y", [7, 7, 7, 7])  # block 2 (a2 → host tier), then freed as MRU
-    assert list(mgr.pool.free_queue) == [1, 0, 2]  # a1 heads the queue
+    _fill(mgr, kv, "a", a)  # blocks 0, 1, 2 hold a0, a1, a2; free queue [3, 2, 1, 0]
+    y = [7] * 8
+    _fill(mgr, kv, "y", y)  # blocks 3, 2 (a2 → host tier), then freed as MRU
+    assert list(mgr.pool.free_queue) == [1, 0, 2, 3]  # a1 heads the queue
     hits, n = mgr.get_computed_blocks("c", a + [1])
     assert n == 12 and [b.block_id for b in hits] == [0, 1, 2]  # a0, a1 kept; a2 into 2
-    assert float(kv[2].flatten()[0]) == 108.0 and list(tier.host.index) == [
-        hash_block_tokens([7, 7, 7, 7], 4)[0]]
+    assert float(kv[2].flatten()[0]) == 108.0
+    assert list(tier.host.index) == [hash_block_tokens(y, 4)[1]]  # y's block 2 went down
 
 
 def test_both_workers_expose_the_tier_series():
@@ -185,3 +186,17 @@ def test_both_workers_expose_the_tier_series():
         assert got[("baton_kv_tier_load_seconds_total", "host")] == 0.25
         assert got[("baton_kv_tier_dropped_blocks_total", "disk")] == 1
         assert got[("baton_kv_tier_recomputed_blocks_total", None)] == 1
+
+
+def test_a_prompt_that_cannot_fit_loads_nothing():
+    kv = _cache(4)
+    tier = KVTier(kv, host_bytes=8 * BLOCK_BYTES)
+    mgr = KVCacheManager(num_blocks=4, block_size=4, tier=tier)
+    a = list(range(100, 112))
+    _fill(mgr, kv, "a", a)
+    _fill(mgr, kv, "b", list(range(200, 216)))  # a's 3 blocks now in the host tier
+    before = list(tier.host.index)
+    assert mgr.get_computed_blocks("c", a + [1], reserved_blocks=1) == ([], 0)  # 4 + 1 > 4
+    assert list(tier.host.index) == before and tier.host_totals.hits == 0
+    hits, n = mgr.get_computed_blocks("c", a + [1], reserved_blocks=0)
+    assert n == 12 and mgr.fits(13, hits, 0) and not mgr.fits(13, hits, 1)

@@ -111,14 +111,17 @@ class KVCacheManager:
         return self._hashes(request_id, token_ids)
 
     def get_computed_blocks(
-        self, request_id: str, token_ids: Sequence[int]
+        self, request_id: str, token_ids: Sequence[int], reserved_blocks: int = 0
     ) -> tuple[list[Block], int]:
         """Longest cached prefix of a request that holds no blocks yet.
 
         Returns (blocks, num_computed_tokens). At least one token is always left to compute
         (its logits are needed), so a full hit stops one block short when the prompt is
         block-aligned. Takes no references: pass the blocks to `allocate_slots`. Blocks the
-        tier had are loaded into free pool blocks here (`_load_from_tier`).
+        tier had are loaded into free pool blocks here (`_load_from_tier`), but only when the
+        whole prompt then fits beside `reserved_blocks` others need (the scheduler's
+        `_fits_whole_prompt`, whose answer loading does not change): a prompt that must wait
+        does not churn other cached blocks down and its own up, step after step.
         """
         if not self.enable_prefix_caching:
             return [], 0
@@ -131,9 +134,18 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        if self.tier is not None and len(hits) < max_blocks:
+        if self.tier is not None and len(hits) < max_blocks and self.fits(
+                len(token_ids), hits, reserved_blocks):
             hits += self._load_from_tier(hashes[:max_blocks], token_ids, hits)
         return hits, len(hits) * bs
+
+    def fits(self, num_tokens: int, hits: Sequence[Block], reserved_blocks: int) -> bool:
+        """True when `num_tokens` tokens fit with `hits` taken, beside `reserved_blocks` other
+        requests still need: free blocks (evictable cached included) minus the hits that are
+        free (taking them removes them from the free queue)."""
+        free_hits = sum(1 for b in hits if b.ref_cnt == 0)
+        need = self.blocks_needed(num_tokens) - len(hits)
+        return need + reserved_blocks <= self.num_free_blocks - free_hits
 
     def _load_from_tier(self, hashes: Sequence[int], token_ids: Sequence[int],
                         hits: list[Block]) -> list[Block]:
