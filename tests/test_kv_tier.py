@@ -200,3 +200,18 @@ def test_a_prompt_that_cannot_fit_loads_nothing():
     assert list(tier.host.index) == before and tier.host_totals.hits == 0
     hits, n = mgr.get_computed_blocks("c", a + [1], reserved_blocks=0)
     assert n == 12 and mgr.fits(13, hits, 0) and not mgr.fits(13, hits, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_blocks_round_trip_bit_exact(tmp_path, dtype):
+    kv = torch.randn(3, *SHAPE).to(dtype)
+    tier = KVTier(kv, host_bytes=BLOCK_BYTES // 2, disk_dir=str(tmp_path),
+                  disk_bytes=4 * FILE_BYTES)  # one host slot: the first block goes to disk
+    want = kv[:2].clone()
+    tier.offload([Block(0, 0, 1, (1,) * 4), Block(1, 0, 2, (2,) * 4)])
+    assert list(tier.disk.index) == [1] and list(tier.host.index) == [2]
+    kv.zero_()
+    for h, block_id in ((1, 2), (2, 0)):
+        tier.finish(tier.claim(h, (h,) * 4), block_id)
+    assert torch.equal(kv[2].view(torch.int16), want[0].view(torch.int16))
+    assert torch.equal(kv[0].view(torch.int16), want[1].view(torch.int16))
