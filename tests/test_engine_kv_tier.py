@@ -59,6 +59,9 @@ def _whole(llm: LLM) -> None:
 def test_turn_two_from_the_host_tier_matches_reference(tiny_llama):
     llm = _llm(tiny_llama, kv_host_tier_bytes=64 * BLOCK_BYTES)
     out2 = _session(llm, tiny_llama)
+    plain = _session(_llm(tiny_llama), tiny_llama)  # no tier: turn 2 recomputed
+    assert plain.num_cached_tokens == 0
+    assert out2.outputs[0].token_ids == plain.outputs[0].token_ids
     assert out2.num_cached_tokens >= 36  # turn 1's 9 full blocks (prompt + answer)
     (host,) = llm.engine.counts().kv_tiers
     assert host.tier == "host" and host.totals.hits >= 9 and host.totals.loaded_blocks >= 9

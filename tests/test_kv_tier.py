@@ -215,3 +215,23 @@ def test_half_precision_blocks_round_trip_bit_exact(tmp_path, dtype):
         tier.finish(tier.claim(h, (h,) * 4), block_id)
     assert torch.equal(kv[2].view(torch.int16), want[0].view(torch.int16))
     assert torch.equal(kv[0].view(torch.int16), want[1].view(torch.int16))
+
+
+def test_tier_flags_reach_the_cache_config():
+    import argparse
+
+    from baton.config import CacheConfig
+    from baton.worker.flags import add_engine_args, engine_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    off = engine_config_from_args(p.parse_args([])).cache
+    assert not off.kv_tier_enabled and off.kv_host_tier_bytes == 0
+    on = engine_config_from_args(p.parse_args([
+        "--kv-host-tier-bytes", "1048576", "--kv-disk-tier-dir", "/tmp/x",
+        "--kv-disk-tier-bytes", "4096"])).cache
+    assert (on.kv_host_tier_bytes, on.kv_disk_tier_dir, on.kv_disk_tier_bytes) == (
+        1 << 20, "/tmp/x", 4096) and on.kv_tier_enabled
+    assert not CacheConfig(kv_host_tier_bytes=1, enable_prefix_caching=False).kv_tier_enabled
+    with pytest.raises(ValueError):
+        CacheConfig(kv_host_tier_bytes=-1)
