@@ -45,6 +45,7 @@ def _whole(llm: LLM) -> None:
     assert kv.num_free_blocks == kv.num_blocks and not kv.requests
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
     tier = kv.tier
+    tier.flush()
     if tier.host is not None:
         assert len(tier.host.index) + len(tier.host.free_slots) == tier.host.num_slots
         assert len(set(s for s, _ in tier.host.index.values()) | set(tier.host.free_slots)) \

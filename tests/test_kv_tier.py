@@ -235,3 +235,43 @@ def test_tier_flags_reach_the_cache_config():
     assert not CacheConfig(kv_host_tier_bytes=1, enable_prefix_caching=False).kv_tier_enabled
     with pytest.raises(ValueError):
         CacheConfig(kv_host_tier_bytes=-1)
+
+
+def test_disk_writes_run_behind_and_a_hit_meanwhile_reads_the_host_slot(tmp_path):
+    import threading
+
+    kv = _cache(2)
+    tier = KVTier(kv, host_bytes=16 * BLOCK_BYTES, disk_dir=str(tmp_path),
+                  disk_bytes=64 * FILE_BYTES)
+    assert tier.spill_ahead == 2
+    gate = threading.Event()
+    tier._writer.submit(gate.wait)  # the writer stalls: every spill stays queued
+    try:
+        for h in range(1, 17):
+            tier.offload([_block(kv, 0, h)])
+        # 16 saved in 16 slots: the 2 LRU blocks are queued for disk ahead of need.
+        assert list(tier.disk.index) == [1, 2] and list(tier.host.index) == list(range(3, 17))
+        assert tier._pending_slots == 2 and os.listdir(tier.disk.dir) == []
+        assert _claim_into(tier, kv, 1, 1) and torch.all(kv[1] == 1.0)  # from its host slot
+    finally:
+        gate.set()
+    tier.flush()
+    assert sorted(os.listdir(tier.disk.dir)) == [f"{1:016x}.kv", f"{2:016x}.kv"]
+    assert tier._pending_slots == 0 and len(tier.host.free_slots) == 2
+    assert tier.disk_totals.saved_blocks == 2 and tier.disk_totals.dropped_blocks == 0
+    kv[1].fill_(0.0)
+    assert _claim_into(tier, kv, 2, 1) and torch.all(kv[1] == 2.0)  # now from its file
+
+
+def test_a_failed_background_write_is_dropped_and_counted(tmp_path):
+    import shutil
+
+    kv = _cache(1)
+    tier = KVTier(kv, host_bytes=BLOCK_BYTES, disk_dir=str(tmp_path), disk_bytes=4 * FILE_BYTES)
+    shutil.rmtree(tier.disk.dir)  # every write now fails
+    for h in (1, 2):
+        tier.offload([_block(kv, 0, h)])  # 1 spilled to a disk that is gone
+    tier.flush()
+    assert 1 not in tier.disk and tier.disk.used_bytes == 0 and list(tier.host.index) == [2]
+    assert tier.disk_totals.dropped_blocks == 1 and tier.disk_totals.saved_blocks == 0
+    assert tier.claim(1, (1,) * 4) is None  # a miss, recomputed by the caller

@@ -15,14 +15,19 @@ loaded back instead of recomputed.
   verified in a staging buffer.
 - A disk file that is missing, short or fails its CRC is dropped and counted; the caller
   recomputes the block (and the rest of the prompt). Bytes are never decoded from it.
-- Moves on CPU are one memcpy per block (host; `copy_block`) and plain file I/O (disk),
-  synchronously on the engine thread; see benchmarks/kv_tier_bandwidth.py for why not NIXL
-  here.
+- Moves on CPU are one memcpy per block (host; `copy_block`) and plain file I/O (disk);
+  see benchmarks/kv_tier_bandwidth.py for why not NIXL here. Host copies run on the engine
+  thread. With a host tier in front, disk writes run on a writer thread (tier_writer.py):
+  a spilled block keeps its host slot until its file is written (a hit meanwhile reads the
+  slot), and the tier spills its LRU blocks a little ahead of need (`spill_ahead` slots) so
+  a save rarely waits for the disk. Without a host tier disk writes are synchronous.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,7 +35,8 @@ from typing import NamedTuple
 import torch
 
 from baton.engine.block_pool import Block
-from baton.engine.tier_store import DiskTier, HostTier, as_bytes, copy_block
+from baton.engine.tier_store import DiskTier, HostTier, as_bytes, copy_block, write_block_file
+from baton.engine.tier_writer import FileWriter
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +94,16 @@ class KVTier:
         self.block_bytes = kv_cache[0].numel() * kv_cache.element_size()
         slots = host_bytes // self.block_bytes
         self.host = HostTier(slots, shape, dtype, pin=kv_cache.is_cuda) if slots else None
-        self.disk = DiskTier(disk_dir, disk_bytes, self.block_bytes) \
-            if disk_dir and disk_bytes else None
+        self.disk, self._writer = None, None
+        if disk_dir and disk_bytes:
+            if self.host is not None:  # writes can run behind: the bytes wait in host slots
+                self._writer = FileWriter()
+                weakref.finalize(self, self._writer.close)
+            self.disk = DiskTier(disk_dir, disk_bytes, self.block_bytes,
+                                 self._writer.unlink if self._writer is not None else None)
+        self._writing: dict[int, int] = {}  # hash → host slot of its latest queued write
+        self._pending_slots = 0
+        self.spill_ahead = min(64, slots // 8) if self._writer is not None else 0
         if self.host is None and self.disk is None:
             raise ValueError(f"KV tier budgets hold no {self.block_bytes}-byte block")
         if self.disk is not None and self.disk.file_bytes(kv_cache.shape[3]) > disk_bytes:
@@ -115,26 +129,76 @@ class KVTier:
         if block_hash in host:  # the pool recomputed a block the tier still had
             host.touch(block_hash)
             return
-        if not host.free_slots and not self._spill_host_lru():
-            copy_block(self._save_buf, self.kv_cache[block_id])  # every slot claimed by a load
-            self._save_disk(block_hash, tokens, self._save_buf)
-            return
+        self._reap()
+        while not host.free_slots:
+            if not self._make_room():  # every slot is claimed by a load
+                copy_block(self._save_buf, self.kv_cache[block_id])
+                self._save_disk(block_hash, tokens, self._save_buf)
+                return
         start = time.perf_counter()
         copy_block(host.store[host.put(block_hash, tokens)], self.kv_cache[block_id])
         t.saved_blocks += 1
         t.saved_bytes += self.block_bytes
         t.save_seconds += time.perf_counter() - start
+        while host.index and len(host.free_slots) + self._pending_slots < self.spill_ahead:
+            self._spill_host_lru()
 
-    def _spill_host_lru(self) -> bool:
-        """Move the host LRU block to disk (or drop it without one); False when empty."""
-        victim = self.host.lru()
-        if victim is None:
+    def _make_room(self) -> bool:
+        """One step toward a free host slot: wait for a queued write, else spill the LRU
+        block. False when neither can free one."""
+        if self._pending_slots:
+            self._reap(wait=True)
+        elif self.host.index:
+            self._spill_host_lru()
+        else:
             return False
-        block_hash, slot, tokens = victim
-        self.host.take(block_hash)
-        self._save_disk(block_hash, tokens, self.host.store[slot])
-        self.host.free_slot(slot)
         return True
+
+    def _spill_host_lru(self) -> None:
+        """Move the host LRU block (there is one) to disk, or drop it without a disk tier.
+        With the writer its slot is freed when the write is reaped (`_reap`)."""
+        block_hash, slot, tokens = self.host.lru()
+        self.host.take(block_hash)
+        disk = self.disk
+        if self._writer is None or block_hash in disk:
+            self._save_disk(block_hash, tokens, self.host.store[slot])
+            self.host.free_slot(slot)
+            return
+        disk.evict_for(len(tokens))
+        disk.add(block_hash, tokens)
+        self._writing[block_hash] = slot
+        self._pending_slots += 1
+        job = functools.partial(_timed_write, disk.path(block_hash), block_hash, tokens,
+                                as_bytes(self.host.store[slot]))
+        self._writer.submit(job, (block_hash, slot))
+
+    def _reap(self, wait: bool = False) -> None:
+        """Take finished background writes: free their slots, count them, drop failures."""
+        if self._writer is None:
+            return
+        t = self.disk_totals
+        for done in self._writer.reap(wait):
+            if done.tag is None:
+                continue  # an unlink
+            block_hash, slot = done.tag
+            self.host.free_slot(slot)
+            self._pending_slots -= 1
+            if self._writing.get(block_hash) == slot:
+                del self._writing[block_hash]
+                if done.error is not None and block_hash in self.disk:
+                    log.error("writing KV block %016x to the disk tier failed: %s",
+                              block_hash, done.error)
+                    self.disk.drop(block_hash)
+                    t.dropped_blocks += 1
+            if done.error is None:
+                t.saved_blocks += 1
+                t.saved_bytes += done.result[0]
+                t.save_seconds += done.result[1]
+
+    def flush(self) -> None:
+        """Wait for every queued disk job (tests, shutdown)."""
+        while self._writer is not None and self._writer.pending:
+            self._reap(wait=True)
 
     def _save_disk(self, block_hash: int, tokens: tuple[int, ...], src: torch.Tensor) -> None:
         disk, t = self.disk, self.disk_totals
@@ -171,7 +235,10 @@ class KVTier:
         if not disk.find(block_hash, tokens):
             self.disk_totals.misses += 1
             return None
-        if not disk.read_into(block_hash, tokens, as_bytes(self._load_buf)):
+        slot = self._writing.get(block_hash)
+        if slot is not None:  # still being written: its bytes are in the host slot
+            copy_block(self._load_buf, self.host.store[slot])
+        elif not disk.read_into(block_hash, tokens, as_bytes(self._load_buf)):
             log.warning("KV block %016x: disk tier file corrupt or truncated; dropped, "
                         "recomputing", block_hash)
             disk.drop(block_hash)
@@ -214,3 +281,11 @@ class KVTier:
             out.append(TierCounts("disk", len(d.index), d.used_bytes, d.capacity_bytes,
                                   self.disk_totals))
         return tuple(out)
+
+
+def _timed_write(path: str, block_hash: int, tokens: Sequence[int],
+                 payload) -> tuple[int, float]:
+    """write_block_file on the writer thread: (bytes written, seconds)."""
+    start = time.perf_counter()
+    n = write_block_file(path, block_hash, tokens, payload)
+    return n, time.perf_counter() - start

@@ -23,7 +23,7 @@ import tempfile
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -98,16 +98,44 @@ class HostTier:
         self.free_slots.append(slot)
 
 
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_block_file(path: str, block_hash: int, tokens: Sequence[int],
+                     payload: np.ndarray) -> int:
+    """Write one block file (layout in the module docstring); returns its bytes. Touches
+    nothing but the file, so it may run on another thread. Raises OSError (a short write
+    leaves no file)."""
+    tok = np.asarray(tokens, dtype="<i4")
+    crc = zlib.crc32(payload, zlib.crc32(tok))
+    header = _HEADER.pack(_MAGIC, block_hash, len(tok), payload.nbytes, crc)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        n = os.writev(fd, [header, tok.tobytes(), payload])
+    finally:
+        os.close(fd)
+    if n != _HEADER.size + tok.nbytes + payload.nbytes:
+        os.unlink(path)
+        raise OSError(f"short write of {path}: {n} bytes")
+    return n
+
+
 class DiskTier:
     """Block files under a fresh directory inside `root`, at most `capacity_bytes` of them.
 
     The directory is this tier's alone (two workers may share `root`) and is removed when
-    the tier is garbage-collected or the process exits. Raises ValueError when one block's
-    file does not fit the budget.
+    the tier is garbage-collected or the process exits. `unlink(path)` deletes a dropped
+    block's file (KVTier queues it behind pending writes when they run in the background).
     """
 
-    def __init__(self, root: str, capacity_bytes: int, block_bytes: int) -> None:
+    def __init__(self, root: str, capacity_bytes: int, block_bytes: int,
+                 unlink: Callable[[str], None] | None = None) -> None:
         os.makedirs(root, exist_ok=True)
+        self.unlink = unlink or unlink_quiet
         self.dir = tempfile.mkdtemp(prefix="baton-kv-", dir=root)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.block_bytes = block_bytes
@@ -141,33 +169,23 @@ class DiskTier:
         """Forget `block_hash` and delete its file (if any); returns the hash."""
         tokens = self.index.pop(block_hash)
         self.used_bytes -= self.file_bytes(len(tokens))
-        try:
-            os.unlink(self.path(block_hash))
-        except FileNotFoundError:
-            pass
+        self.unlink(self.path(block_hash))
         return block_hash
 
-    def write(self, block_hash: int, tokens: Sequence[int], payload: np.ndarray) -> int:
-        """Write one block file (call `evict_for` first); returns bytes written.
-
-        payload: flat uint8 [block_bytes]. Raises OSError (nothing is indexed then).
-        """
-        assert payload.nbytes == self.block_bytes, (payload.nbytes, self.block_bytes)
-        tok = np.asarray(tokens, dtype="<i4")
-        crc = zlib.crc32(payload, zlib.crc32(tok))
-        header = _HEADER.pack(_MAGIC, block_hash, len(tok), payload.nbytes, crc)
-        path = self.path(block_hash)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            n = os.writev(fd, [header, tok.tobytes(), payload])
-        finally:
-            os.close(fd)
-        if n != self.file_bytes(len(tok)):
-            os.unlink(path)
-            raise OSError(f"short write of {path}: {n} bytes")
+    def add(self, block_hash: int, tokens: Sequence[int]) -> int:
+        """Index a block whose file is (being) written (call `evict_for` first); returns
+        its file bytes."""
+        n = self.file_bytes(len(tokens))
         self.index[block_hash] = tuple(tokens)
         self.used_bytes += n
         return n
+
+    def write(self, block_hash: int, tokens: Sequence[int], payload: np.ndarray) -> int:
+        """Write one block file now and index it (call `evict_for` first); returns bytes
+        written. payload: flat uint8 [block_bytes]. Raises OSError (nothing indexed then)."""
+        assert payload.nbytes == self.block_bytes, (payload.nbytes, self.block_bytes)
+        write_block_file(self.path(block_hash), block_hash, tokens, payload)
+        return self.add(block_hash, tokens)
 
     def read_into(self, block_hash: int, tokens: Sequence[int], out: np.ndarray) -> bool:
         """Read and verify the block file into `out` (flat uint8 [block_bytes]).
