@@ -208,6 +208,7 @@ class KVTier:
             disk.touch(block_hash)
             return
         start = time.perf_counter()
+        self.flush()  # a queued unlink of this same path must not follow this write
         disk.evict_for(len(tokens))
         try:
             n = disk.write(block_hash, tokens, as_bytes(src))
