@@ -12,8 +12,9 @@ two neighbours are adjacent in the pool. Movers:
 - host/nixl:     NIXL UCX, one loopback READ/WRITE of all blocks (pool and host store
                  registered as DRAM), descriptor preparation included
 - disk/tier:     KVTier's disk tier: one file per block, header + CRC-32, writev / readinto
-- disk/pwrite:   the same files with os.pwrite / readinto only (no header, no CRC)
-- disk/nixl:     NIXL POSIX, one transfer of all blocks to / from the same files
+- disk/pwrite:   os.pwrite / os.preadv of each block into its file, kept open (no header,
+                 no CRC, no create): the plain-I/O twin of disk/nixl
+- disk/nixl:     NIXL POSIX, one transfer of all blocks to / from the same open files
 - disk/torch.save: torch.save / torch.load of each block
 Loads are timed twice: "warm" right after the save (page cache), "cold" after each file's
 pages were dropped (fsync + POSIX_FADV_DONTNEED), which is the device. Saves are timed up to
@@ -163,19 +164,21 @@ class Bench:
 
     def disk_pwrite(self) -> None:
         views = [as_bytes(self.pool[b]) for b in self.ids]
+        fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in self.paths]
 
         def save():
-            for p, v in zip(self.paths, views):
-                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            for fd, v in zip(fds, views):
                 os.pwrite(fd, v, 0)
-                os.close(fd)
 
         def load():
-            for p, v in zip(self.paths, views):
-                with open(p, "rb", buffering=0) as f:
-                    f.readinto(v)
+            for fd, v in zip(fds, views):
+                os.preadv(fd, [v], 0)
 
-        self._disk_rows("disk/pwrite", save, load)
+        try:
+            self._disk_rows("disk/pwrite", save, load)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def disk_nixl(self) -> None:
         from nixl._api import nixl_agent, nixl_agent_config
