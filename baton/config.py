@@ -26,12 +26,23 @@ class CacheConfig:
     block_size: tokens per KV block. kv_cache_memory_bytes: budget for the whole cache in bytes
     (num_blocks = budget // bytes_per_block) unless num_blocks is given (tests use tiny pools).
     enable_prefix_caching: reuse full blocks whose chained hash and tokens match.
+    kv_host_tier_bytes: host-memory tier below the pool for the blocks it evicts (0 = off).
+    kv_disk_tier_dir / kv_disk_tier_bytes: disk tier below that (files in a fresh folder
+    inside the dir; None = off). Tiers need prefix caching (engine/kv_tier.py).
     """
 
     block_size: int = 16
     kv_cache_memory_bytes: int = 2 << 30
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_host_tier_bytes: int = 0
+    kv_disk_tier_dir: str | None = None
+    kv_disk_tier_bytes: int = 8 << 30
+
+    @property
+    def kv_tier_enabled(self) -> bool:
+        return self.enable_prefix_caching and bool(self.kv_host_tier_bytes
+                                                   or self.kv_disk_tier_dir)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -40,6 +51,8 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be ≥ 2, got {self.num_blocks}")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.kv_host_tier_bytes < 0 or self.kv_disk_tier_bytes <= 0:
+            raise ValueError("kv_host_tier_bytes must be ≥ 0 and kv_disk_tier_bytes > 0")
 
 
 @dataclass(frozen=True)

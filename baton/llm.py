@@ -17,7 +17,8 @@ class LLM:
     """Runs prompts to completion on one in-process engine.
 
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
-    num_blocks, kv_cache_memory_bytes, enable_prefix_caching) or SchedulerConfig
+    num_blocks, kv_cache_memory_bytes, enable_prefix_caching, kv_host_tier_bytes,
+    kv_disk_tier_dir, kv_disk_tier_bytes) or SchedulerConfig
     (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_bypass_s).
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """

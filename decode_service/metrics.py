@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from baton.worker.tier_metrics import KVTierCollector
 from baton.worker.vllm_metrics import VllmEngineCollector, vllm_latency_histograms
 
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -74,6 +75,7 @@ class DecodeMetrics:
     def watch(self, engine) -> None:
         """Point the engine gauges at live state (EngineCounts: safe from the scrape thread)."""
         self.registry.register(VllmEngineCollector(engine.counts, self.model_name))
+        self.registry.register(KVTierCollector(engine.counts))
         self.waiting.set_function(lambda: engine.counts().num_waiting)
         self.running.set_function(lambda: engine.counts().num_running)
         self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)

@@ -7,6 +7,8 @@
     sched_output     ScheduledRequest, SchedulerOutput: what a step runs
     kv_cache         KVCacheManager: which blocks each request uses, chained hashes, hits
     block_pool       Block, BlockPool: ref counts, the LRU free queue, the hash → block map
+    kv_tier          KVTier: blocks the pool evicts go to host memory, then disk; hits load back
+    tier_store       HostTier (preallocated slots), DiskTier (one CRC-checked file a block)
     model_runner     one batched forward over a step's rows, then sampling
     sampler          temperature, top-k/p, min-p, seeded draws, logprobs (+ penalties.py)
     grammar          structured outputs: compiled grammars (xgrammar), per-request matchers,

@@ -2,8 +2,9 @@
 prefix cache (the picture of a request's blocks is in kv_cache.py)."""
 from __future__ import annotations
 
+import itertools
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -22,11 +23,16 @@ class BlockPool:
 
     Free queue order: the head is evicted first. Released blocks without a hash go to the head
     (nothing to keep); released cached blocks go to the tail (most recently used).
+
+    evict_hook(blocks): called by `allocate` with the cached blocks it is about to reuse, hash
+    and tokens still set and their KV still intact (the KV tier copies it down: kv_tier.py).
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int,
+                 evict_hook: Callable[[list[Block]], None] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be ≥ 1, got {num_blocks}")
+        self.evict_hook = evict_hook
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash → block id
@@ -57,13 +63,14 @@ class BlockPool:
         """
         if n > len(self.free_queue):
             raise RuntimeError(f"asked for {n} blocks, {len(self.free_queue)} free")
-        out = []
-        for _ in range(n):
-            block_id, _ = self.free_queue.popitem(last=False)
-            block = self.blocks[block_id]
+        out = [self.blocks[i] for i in itertools.islice(self.free_queue, n)]
+        evicted = [b for b in out if b.block_hash is not None]
+        if evicted and self.evict_hook is not None:
+            self.evict_hook(evicted)  # before any change: if it raises, the pool is as it was
+        for block in out:
+            del self.free_queue[block.block_id]
             self._evict(block)
             block.ref_cnt = 1
-            out.append(block)
         return out
 
     def release(self, blocks: Sequence[Block]) -> None:

@@ -14,6 +14,14 @@ sit in the free queue in LRU order and are evicted (hash dropped) only when a ne
 pops them. A later request whose leading block hashes *and tokens* match takes them back
 (`ref_cnt` += 1) instead of recomputing. Design after nano-vllm's BlockManager and vLLM v1's
 KVCacheManager.
+
+With a `KVTier` (kv_tier.py) an evicted block's KV goes down to host memory / disk first, and
+a lookup continues the hash chain there once the pool's hits end: each block found below is
+loaded into a fresh pool block and registered, so admission sees it as an ordinary hit::
+
+    hashes : h0   h1   h2   h3   h4
+    pool   : hit  hit  miss                 ─▶ tier: h2 host, h3 disk, h4 miss
+    result : [b7, b2, b5*, b1*]  (* loaded now: cached, free, taken by allocate_slots)
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from dataclasses import dataclass, field
 
 from baton.block_hash import BlockHashFn, hash_block, hash_block_tokens
 from baton.engine.block_pool import Block, BlockPool
+from baton.engine.kv_tier import KVTier
 
 __all__ = ["Block", "BlockPool", "KVCacheManager"]
 
@@ -36,6 +45,7 @@ class _RequestBlocks:
 class KVCacheManager:
     """Assigns pool blocks to requests; the one place block ownership changes.
 
+    tier: where evicted blocks go and prefix hits continue (None: evicted KV is dropped).
     Raises KeyError for an unknown request id where one is required.
     """
 
@@ -45,11 +55,13 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         hash_fn: BlockHashFn = hash_block,
+        tier: KVTier | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
-        self.pool = BlockPool(num_blocks)
+        self.tier = tier if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, self.tier.offload if self.tier is not None else None)
         self.requests: dict[str, _RequestBlocks] = {}
 
     # ---- queries -------------------------------------------------------------------------
@@ -99,13 +111,17 @@ class KVCacheManager:
         return self._hashes(request_id, token_ids)
 
     def get_computed_blocks(
-        self, request_id: str, token_ids: Sequence[int]
+        self, request_id: str, token_ids: Sequence[int], reserved_blocks: int = 0
     ) -> tuple[list[Block], int]:
         """Longest cached prefix of a request that holds no blocks yet.
 
         Returns (blocks, num_computed_tokens). At least one token is always left to compute
         (its logits are needed), so a full hit stops one block short when the prompt is
-        block-aligned. Takes no references: pass the blocks to `allocate_slots`.
+        block-aligned. Takes no references: pass the blocks to `allocate_slots`. Blocks the
+        tier had are loaded into free pool blocks here (`_load_from_tier`), but only when the
+        whole prompt then fits beside `reserved_blocks` others need (the scheduler's
+        `_fits_whole_prompt`, whose answer loading does not change): a prompt that must wait
+        does not churn other cached blocks down and its own up, step after step.
         """
         if not self.enable_prefix_caching:
             return [], 0
@@ -118,25 +134,69 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.tier is not None and len(hits) < max_blocks and self.fits(
+                len(token_ids), hits, reserved_blocks):
+            hits += self._load_from_tier(hashes[:max_blocks], token_ids, hits)
         return hits, len(hits) * bs
+
+    def fits(self, num_tokens: int, hits: Sequence[Block], reserved_blocks: int) -> bool:
+        """True when `num_tokens` tokens fit with `hits` taken, beside `reserved_blocks` other
+        requests still need: free blocks (evictable cached included) minus the hits that are
+        free (taking them removes them from the free queue)."""
+        free_hits = sum(1 for b in hits if b.ref_cnt == 0)
+        need = self.blocks_needed(num_tokens) - len(hits)
+        return need + reserved_blocks <= self.num_free_blocks - free_hits
+
+    def _load_from_tier(self, hashes: Sequence[int], token_ids: Sequence[int],
+                        hits: list[Block]) -> list[Block]:
+        """Continue the chain after `hits` in the tier: load each next block found there into
+        a free pool block and cache it. Returns the loaded blocks, left free (ref_cnt 0).
+
+        The pool's hits (and each loaded block) are referenced meanwhile, so allocating for
+        the next load cannot evict the prefix it extends. Stops at the first miss, a bad
+        file, or when no free pool block is left.
+        """
+        bs, loaded = self.block_size, []
+        self.pool.touch(hits)
+        try:
+            for i in range(len(hits), len(hashes)):
+                tokens = token_ids[i * bs:(i + 1) * bs]
+                if not self.pool.num_free_blocks or self.pool.cached.get(hashes[i]) is not None:
+                    break  # no room, or a same-hash block with other tokens owns the hash
+                claim = self.tier.claim(hashes[i], tokens)
+                if claim is None:
+                    break
+                (block,) = self.pool.allocate(1)
+                self.tier.finish(claim, block.block_id)
+                self.pool.cache(block, hashes[i], tokens)
+                loaded.append(block)
+        finally:
+            self.pool.release(list(reversed(hits + loaded)))
+        return loaded
 
     def estimate_hit_blocks(self, request_id: str, token_ids: Sequence[int], hint: int) -> int:
         """Leading full blocks of a waiting request whose hashes are cached: an estimate for
         ordering the queue, updated from a previous answer `hint` in O(blocks changed).
 
         Steps back from `hint` while the last counted block left the cache, then forward
-        while the next one is in it; hash membership only (no token check, no Block list:
-        `get_computed_blocks` stays the exact answer at admission). Exact when evictions eat
-        a chain from its tail, as `free` releases it; misses a hole punched mid-prefix.
+        while the next one is in it (or in the tier); hash membership only (no token check,
+        no Block list: `get_computed_blocks` stays the exact answer at admission). Exact when
+        evictions eat a chain from its tail, as `free` releases it; misses a hole punched
+        mid-prefix.
         """
         if not self.enable_prefix_caching:
             return 0
         hashes, cached = self._hashes(request_id, token_ids), self.pool.cached
+        tier = self.tier
+
+        def known(h: int) -> bool:  # in the pool, or below it (loaded at admission)
+            return h in cached or (tier is not None and tier.contains(h))
+
         max_blocks = (len(token_ids) - 1) // self.block_size  # as get_computed_blocks
         n = min(hint, max_blocks)
-        while n > 0 and hashes[n - 1] not in cached:
+        while n > 0 and not known(hashes[n - 1]):
             n -= 1
-        while n < max_blocks and hashes[n] in cached:
+        while n < max_blocks and known(hashes[n]):
             n += 1
         return n
 

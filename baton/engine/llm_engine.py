@@ -8,10 +8,9 @@ A request's life inside `LLMEngine`:
    completed their known tokens.
 3. Per sampled token: advance its grammar, append, cache newly full blocks, detokenize, check
    the stop conditions (detokenizer.check_stop).
-4. Finished or aborted requests release their blocks at once, unless the `finish_hook` keeps
-   them. The roles' states drive the engine through the methods marked "for role components":
-   `remote_kv.RemoteKV` (decode), `block_holds.BlockHolds` (prefill). Status changes happen in
-   the scheduler only.
+4. Finished or aborted requests release their blocks at once unless the `finish_hook` keeps
+   them. The roles' states (`remote_kv.RemoteKV`, `block_holds.BlockHolds`) use the methods
+   marked "for role components"; status changes happen in the scheduler only.
 """
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
 from baton.engine.grammar import GrammarCompiler
 from baton.engine.kv_cache import KVCacheManager
+from baton.engine.kv_tier import tier_for
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
 from baton.engine.request import Request, RequestStatus, resolve_max_tokens
@@ -60,15 +60,15 @@ class LLMEngine:
         self.model_path = resolve_model(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model = DecoderModel(self.model_path, config.torch_dtype)
-        cache = config.cache
+        cache, shape = config.cache, self.model.shape
         per_block = ModelRunner.bytes_per_block(self.model, cache.block_size)
         num_blocks = cache.num_blocks or max(2, cache.kv_cache_memory_bytes // per_block)
-        self.max_model_len = max_model_len(
-            self.model.config, self.model.shape.max_position_embeddings, config.max_model_len,
-            num_blocks * cache.block_size)
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.max_model_len = max_model_len(self.model.config, shape.max_position_embeddings,
+                                           config.max_model_len, num_blocks * cache.block_size)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
+        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                 tier=tier_for(self.runner.kv_cache, cache))
+        self.scheduler = Scheduler(config.scheduler, self.kv)
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}

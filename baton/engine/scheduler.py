@@ -164,8 +164,8 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting.popleft()
                 try:
-                    hits, num_computed = self.kv.get_computed_blocks(req.request_id,
-                                                                     req.all_token_ids)
+                    hits, num_computed = self.kv.get_computed_blocks(
+                        req.request_id, req.all_token_ids, reserved)
                     if self._defer_for_inflight_prefix(req, num_computed, scheduled):
                         skipped.append(req)
                         continue
@@ -240,14 +240,12 @@ class Scheduler:
         blocks are evicted first (freed tail first) and it recomputes them: on an agent worker
         with two long contexts this repeats for as long as both live. Counted in blocks: free
         ones (evictable cached included) minus req's own hits that are free (taking them
-        removes them from the free queue). Decode growth is not reserved (a block per
+        removes them from the free queue); blocks loaded from a KV tier are such hits, and
+        are loaded only when this holds. Decode growth is not reserved (a block per
         `block_size` tokens; preemption still covers it). vLLM v0's admission likewise checks
         the whole prompt (`BlockSpaceManager.can_allocate`) rather than a chunk.
         """
-        kv = self.kv
-        free_hits = sum(1 for b in hits if b.ref_cnt == 0)
-        need = kv.blocks_needed(req.num_tokens) - len(hits)
-        return need + reserved <= kv.num_free_blocks - free_hits
+        return self.kv.fits(req.num_tokens, hits, reserved)
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
         n = req.num_tokens - num_computed

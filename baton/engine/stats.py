@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from baton.engine.kv_cache import KVCacheManager
+    from baton.engine.kv_tier import TierCounts
     from baton.engine.request import Request
 
 
@@ -43,7 +44,9 @@ class Totals:
 class EngineCounts(NamedTuple):
     """Queue and pool sizes (requests, blocks) and the cumulative `Totals`; each a single
     read, so a metrics thread may take them while the engine steps (each is exact, the set
-    is not atomic)."""
+    is not atomic). kv_tiers: each KV tier's size and moves (kv_tier.TierCounts: blocks,
+    bytes, hits, misses, bytes and seconds moved); kv_tier_recomputed_blocks: tier blocks
+    found unusable (corrupt file) and recomputed."""
 
     num_running: int
     num_waiting: int  # queued for local prefill (remote-KV waits not included)
@@ -55,6 +58,8 @@ class EngineCounts(NamedTuple):
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    kv_tiers: tuple[TierCounts, ...] = ()
+    kv_tier_recomputed_blocks: int = 0
 
 
 class EngineStats(NamedTuple):
@@ -92,7 +97,9 @@ def counts_of(running: Collection[Request], waiting: Collection[Request],
               remote_waits: Collection[Request], kv: KVCacheManager,
               totals: Totals) -> EngineCounts:
     """EngineCounts of a scheduler's queues, its KV manager and its totals (len() reads)."""
-    t = totals
+    t, tier = totals, kv.tier
     return EngineCounts(len(running), len(waiting), len(remote_waits), kv.num_free_blocks,
                         kv.num_blocks, t.num_preemptions, t.prefix_cache_queries,
-                        t.prefix_cache_hits, t.prompt_tokens, t.generation_tokens)
+                        t.prefix_cache_hits, t.prompt_tokens, t.generation_tokens,
+                        tier.counts() if tier is not None else (),
+                        tier.recomputed_blocks if tier is not None else 0)

@@ -53,6 +53,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-blocks", type=int, default=None, help="fixed KV pool size (tests)")
     g.add_argument("--no-prefix-caching", action="store_true",
                    help="never reuse cached KV blocks across requests")
+    g.add_argument("--kv-host-tier-bytes", type=int, default=0,
+                   help="host-memory tier for blocks the KV pool evicts (0 = off)")
+    g.add_argument("--kv-disk-tier-dir", default=None,
+                   help="disk tier below the host tier: block files go in a fresh folder here")
+    g.add_argument("--kv-disk-tier-bytes", type=int, default=8 << 30,
+                   help="disk tier budget in bytes (with --kv-disk-tier-dir)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context limit (default: the model's, within the KV pool)")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -96,7 +102,10 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=a.seed,
         cache=CacheConfig(block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-                          num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching),
+                          num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching,
+                          kv_host_tier_bytes=a.kv_host_tier_bytes,
+                          kv_disk_tier_dir=a.kv_disk_tier_dir,
+                          kv_disk_tier_bytes=a.kv_disk_tier_bytes),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs,
                                   long_prefill_token_threshold=a.long_prefill_token_threshold,
