@@ -119,12 +119,14 @@ async def test_one_poisoned_request_fails_alone(engine, monkeypatch, where):
     """Case 11's rule inside the engine: a fault only one request hits (its admission, or the
     processing of its sampled token) ends that request with an error; the requests batched
     with it are served in full, nothing leaks, and the loop keeps stepping."""
+    import baton.engine.llm_engine as llm_engine
+
     target, name = (engine.kv, "get_computed_blocks") if where == "admission" \
-        else (engine, "_check_stop")
+        else (llm_engine, "check_stop")
     real = getattr(target, name)
 
-    def poisoned(first, *rest):
-        rid = first if where == "admission" else first.request.request_id
+    def poisoned(first, *rest):  # (request_id, ...) or (request, detok, token, ...)
+        rid = first if where == "admission" else first.request_id
         if rid == "poison":
             raise RuntimeError("boom")
         return real(first, *rest)
