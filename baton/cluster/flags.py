@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="KV pool bytes per worker (default: the workers')")
+    p.add_argument("--prefill-max-seconds", type=float, default=None,
+                   help="decode: cap of one remote prefill, and so of how long blocks an "
+                        "unconfirmed transfer may still write stay held (default: decode's)")
     p.add_argument("--min-remote-tokens", type=int, default=None,
                    help="decode: fixed P/D threshold, shortest uncached suffix prefilled "
                         "remotely (default: the cost-based decider)")

@@ -56,10 +56,9 @@ def prefill_args(a: argparse.Namespace, port: int = 0) -> list[str]:
 
 
 def decode_args(a: argparse.Namespace, port: int = 0) -> list[str]:
-    """A decode worker's flags: a prefill worker's, and --min-remote-tokens when given."""
-    extra = [] if a.min_remote_tokens is None else \
-        ["--min-remote-tokens", str(a.min_remote_tokens)]
-    return prefill_args(a, port) + extra
+    """A decode worker's flags: a prefill worker's, and --min-remote-tokens and
+    --prefill-max-seconds when given."""
+    return prefill_args(a, port) + _passed_on(a, ("min_remote_tokens", "prefill_max_seconds"))
 
 
 def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
