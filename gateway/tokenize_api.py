@@ -14,9 +14,6 @@ reaches a worker.
 """
 from __future__ import annotations
 
-import functools
-import subprocess
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -63,7 +60,7 @@ class TokenizeRoutes:
         self.model_names = model_names
         self.ignored = ignored
         self.version = {"version": baton.__version__}
-        if (commit := source_commit()) is not None:
+        if (commit := baton.source_commit()) is not None:
             self.version["commit"] = commit
 
     def add_to(self, app: FastAPI) -> None:
@@ -113,18 +110,3 @@ class TokenizeRoutes:
         names = ignored_fields(body)
         self.ignored.note(request.url.path, names)
         return ignored_header(names)
-
-
-@functools.lru_cache(maxsize=1)
-def source_commit() -> str | None:
-    """The git commit the gateway's code was loaded from (short hash), or None when it does
-    not run from a git checkout (an installed package) or git is missing or slow."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=2, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None

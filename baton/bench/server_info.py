@@ -9,8 +9,6 @@ is recorded as it comes: a JSON body, or {"status", "body"} for a non-200 answer
 from __future__ import annotations
 
 import functools
-import subprocess
-from pathlib import Path
 
 import httpx
 
@@ -23,16 +21,7 @@ PROBES = {"version": "/version", "models": "/v1/models"}
 def client_version() -> dict:
     """{"version", "commit"} of the Baton package running the benchmark (commit: None when
     it does not run from a git checkout, or git is missing)."""
-    root = Path(baton.__file__).resolve().parent.parent
-    commit = None
-    if (root / ".git").exists():
-        try:
-            out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-                                 capture_output=True, text=True, timeout=2, check=True)
-            commit = out.stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return {"version": baton.__version__, "commit": commit}
+    return {"version": baton.__version__, "commit": baton.source_commit()}
 
 
 def _ask(client: httpx.Client, path: str):
