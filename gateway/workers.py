@@ -59,6 +59,7 @@ class Worker:
     started_since_stats: int = 0
     last_error: str = ""
     poller: asyncio.Task | None = None
+    polled: asyncio.Event = field(default_factory=asyncio.Event)  # set after its first poll
 
     def view(self, now: float, stale_after_s: float) -> WorkerView:
         fresh = self.stats is not None and now - self.stats_at <= stale_after_s
@@ -129,7 +130,15 @@ class WorkerPool:
         self._closed = False
 
     async def start(self) -> None:
+        """Find the workers and wait for each one's first poll (at most one RPC timeout), so
+        /health and routing are true from the first request on, not a poll later."""
         await self.refresh()
+        polls = [asyncio.ensure_future(w.polled.wait())
+                 for role in self.workers.values() for w in role.values()]
+        if polls:
+            await asyncio.wait(polls, timeout=self.config.rpc_timeout_s + 1.0)
+            for t in polls:
+                t.cancel()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="worker-refresh")
 
     async def close(self) -> None:
@@ -240,6 +249,7 @@ class WorkerPool:
     async def _poll_loop(self, w: Worker) -> None:
         while not self._closed:
             await self.poll_once(w)
+            w.polled.set()
             await asyncio.sleep(self.config.poll_interval_s)
 
     async def poll_once(self, w: Worker) -> None:
