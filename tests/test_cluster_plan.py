@@ -16,7 +16,9 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--block-size", "8", "--max-model-len", "512", "--num-blocks", "64",
               "--kv-cache-memory-bytes", "1048576", "--min-remote-tokens", "24",
               "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0", "--api-key", "k",
-              "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7"]
+              "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
+              "--kv-host-tier-bytes", "4096", "--kv-disk-tier-dir", "/tmp/t",
+              "--kv-disk-tier-bytes", "8192"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -32,6 +34,9 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
         assert engine.cache.num_blocks == up.num_blocks
         if up.kv_cache_memory_bytes is not None:
             assert engine.cache.kv_cache_memory_bytes == up.kv_cache_memory_bytes
+        if up.kv_host_tier_bytes is not None:
+            assert (engine.cache.kv_host_tier_bytes, engine.cache.kv_disk_tier_dir,
+                    engine.cache.kv_disk_tier_bytes) == (4096, "/tmp/t", 8192)
     decode = decode_parse(decode_args(up))
     if up.min_remote_tokens is not None:
         assert decode.min_remote_tokens == up.min_remote_tokens

@@ -10,6 +10,10 @@ stopped. Configurations and the reference each is compared with:
     session         2 colocated workers, session routing                      vs round-robin
     kv              2 colocated workers, KV-overlap routing                   vs round-robin
     round-robin     2 colocated workers, round-robin                          (reference)
+    tiers           one colocated worker (--threads 2), a small pool           vs no-tiers
+                    (`--tier-num-blocks`) over a host-memory KV tier
+                    (`--tier-host-bytes`): evicted session prefixes are loaded back
+    no-tiers        the same worker and pool, no tier: evicted prefixes recomputed (reference)
     hf              plain transformers, one request at a time, on a short slice
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.
@@ -73,16 +77,28 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
     "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
     "kv": (ServerSpec("kv", mode=_C, routing="kv", num_decode=2), "round-robin"),
     "round-robin": (ServerSpec("round-robin", mode=_C, routing="round-robin", num_decode=2), None),
+    "tiers": (ServerSpec("tiers", mode=_C, routing="session",
+                         extra_args=("--threads", "2")), "no-tiers"),
+    "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
+                            extra_args=("--threads", "2")), None),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")
+TIERED = ("tiers", "no-tiers")
+TIER_NUM_BLOCKS = 256
+TIER_HOST_BYTES = 4 << 30
 
 
 def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS,
-             routing_workers: int = 2) -> ServerSpec:
+             routing_workers: int = 2, tier_num_blocks: int = TIER_NUM_BLOCKS,
+             tier_host_bytes: int = TIER_HOST_BYTES) -> ServerSpec:
     """The configuration's server; routing ones get `routing_workers` pinned workers, each
-    with the bounded pool."""
+    with the bounded pool; the tier pair gets the small pool, "tiers" a host tier below it."""
     spec = CONFIGS[name][0]
+    if name in TIERED:
+        tier = ("--kv-host-tier-bytes", str(tier_host_bytes)) if name == "tiers" else ()
+        spec = replace(spec, extra_args=spec.extra_args + (
+            "--num-blocks", str(tier_num_blocks), *tier))
     if name in ROUTING:
         spec = replace(spec, num_decode=routing_workers, extra_args=spec.extra_args + (
             "--pin", "split", "--num-blocks", str(routing_num_blocks)))
@@ -164,6 +180,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--routing-workers", type=int, default=2,
                    help="colocated workers in the routing configurations (more than the "
                         "cores share them: pinned in turn)")
+    p.add_argument("--tier-num-blocks", type=int, default=TIER_NUM_BLOCKS,
+                   help="KV blocks of the worker in the tiers / no-tiers configurations: "
+                        "a fraction of the live sessions' KV, so prefixes are evicted")
+    p.add_argument("--tier-host-bytes", type=int, default=TIER_HOST_BYTES,
+                   help="host-memory tier of the tiers configuration (bytes)")
     add_workload_args(p)
     add_run_args(p)
     return p
@@ -178,7 +199,8 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
-    return [(n, spec_for(n, args.routing_num_blocks, args.routing_workers), None)
+    return [(n, spec_for(n, args.routing_num_blocks, args.routing_workers,
+                         args.tier_num_blocks, args.tier_host_bytes), None)
             for n in names]
 
 

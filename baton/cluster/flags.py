@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="KV pool bytes per worker (default: the workers')")
+    p.add_argument("--kv-host-tier-bytes", type=int, default=None,
+                   help="host-memory KV tier per worker, below its pool (default: off)")
+    p.add_argument("--kv-disk-tier-dir", default=None,
+                   help="disk KV tier below the host tier: each worker makes a fresh folder here")
+    p.add_argument("--kv-disk-tier-bytes", type=int, default=None,
+                   help="disk KV tier budget per worker (with --kv-disk-tier-dir)")
     p.add_argument("--prefill-max-seconds", type=float, default=None,
                    help="decode: cap of one remote prefill, and so of how long blocks an "
                         "unconfirmed transfer may still write stay held (default: decode's)")

@@ -14,7 +14,8 @@ import os
 from typing import NamedTuple
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
-_WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes")
+_WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
+                 "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes")
 _GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s")
 
 

@@ -73,3 +73,19 @@ def test_compare_routing_configs_are_colocated_pinned_and_bounded():
     assert disagg[disagg.index("--pin") + 1] == "split"
     coloc = spec_for("colocated").argv("m", 1)
     assert "--pin" not in coloc and coloc[coloc.index("--threads") + 1] == "2"
+
+
+def test_compare_tier_pair_differs_only_in_the_host_tier():
+    """tiers vs no-tiers: the same worker and small pool; only "tiers" has a host tier, and
+    `baton up` parses both command lines (the flags reach the worker)."""
+    from baton.bench.compare import spec_for
+    from baton.cluster.up import build_parser
+    with_tier = spec_for("tiers", tier_num_blocks=200, tier_host_bytes=1 << 20).argv("m", 1)
+    without = spec_for("no-tiers", tier_num_blocks=200).argv("m", 1)
+    for argv in (with_tier, without):
+        assert argv[argv.index("--num-blocks") + 1] == "200"
+        assert argv[argv.index("--mode") + 1] == "colocated"
+    assert with_tier[with_tier.index("--kv-host-tier-bytes") + 1] == str(1 << 20)
+    assert "--kv-host-tier-bytes" not in without
+    up = build_parser().parse_args(with_tier[with_tier.index("up") + 1:])
+    assert (up.kv_host_tier_bytes, up.num_blocks) == (1 << 20, 200)
