@@ -53,7 +53,7 @@ def section_kernels(ctx) -> tuple[str, str]:
         gk.check_prefill(kernels, torch, dtype, ctx.device, args, atol)
         gk.check_block_copy(kernels, torch, dtype, ctx.device, args)
     mode = "compiled" if compiled else "interpreted"
-    return PASS, f"write_kv, decode, prefill, pack/unpack == reference ({mode}; {', '.join(dtypes)})"
+    return PASS, f"write_kv, decode, prefill, pack/unpack == reference ({mode}; {'/'.join(dtypes)})"
 
 
 def _decode_case(kernels, ctx, dtype, context: int, batch: int, copy_gbs: float) -> dict:
@@ -84,6 +84,10 @@ def _decode_case(kernels, ctx, dtype, context: int, batch: int, copy_gbs: float)
     return row
 
 
+def _ctx_name(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 def section_decode_bw(ctx) -> tuple[str, str]:
     import kernels
 
@@ -102,6 +106,6 @@ def section_decode_bw(ctx) -> tuple[str, str]:
     bad = [r for r in rows if not r["ok"]]
     if bad:
         return FAIL, f"decode attention differs from the reference at ctx {bad[0]['context']}"
-    summary = ", ".join(f"{r['context'] // 1024 or r['context']}{'K' if r['context'] >= 1024 else ''}"
-                        f"x{r['batch']} {r['ratio_to_copy']:.2f}" for r in rows)
+    summary = ", ".join(f"{_ctx_name(r['context'])}x{r['batch']} {r['ratio_to_copy']:.2f}"
+                        for r in rows)
     return PASS, f"achieved / copy bandwidth: {summary} (copy {copy_gbs:.0f} GB/s)"
