@@ -12,14 +12,17 @@ Sections, each timed and ending in one line `== [name] PASS|FAIL|SKIP (seconds):
     kernels   every Triton launcher, compiled (not interpreted), against its torch reference
               (benchmarks/gpu_kernels.py's checks), bf16 and fp32
     graphs    one decode step of each model captured as a CUDA graph: replay == eager, and
-              the time of both (CUDA only; the dry-run runs the eager step alone)
+              the time of both (CUDA only; the dry-run checks the same static step through
+              the Triton launchers against the CPU path)
     decode_bw paged decode attention at 4K and 32K context: achieved GB/s of K+V read and
               its ratio to a torch device copy measured in the same run
     nixl      NIXL device-to-device between two processes on the one GPU (SKIP where the
               `nixl` package does not import)
 
 Without CUDA (or with --dry-run) every section runs on CPU with tiny shapes and the Triton
-interpreter; the CUDA-only parts SKIP with their reason. Exits 0 only when no section
+interpreter (the engine's greedy check goes through the attention path CUDA takes, the
+Triton launchers, see gpu_check_engine.triton_launchers_on_cpu); the CUDA-only parts SKIP
+with their reason. Exits 0 only when no section
 FAILed. A watchdog (SIGALRM) ends the section running at --budget-s; later sections SKIP.
 The script imports nothing the GPU machine lacks at module level (xgrammar, nixl: guarded).
 """
