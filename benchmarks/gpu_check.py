@@ -29,6 +29,7 @@ The script imports nothing the GPU machine lacks at module level (xgrammar, nixl
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -90,11 +91,11 @@ def _env(ctx) -> tuple[str, str]:
     info = {"python": sys.version.split()[0], "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "triton": triton.__version__,
             "triton_interpret": os.environ.get("TRITON_INTERPRET", "")}
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        info["transformers"] = None
+    for name in ("transformers", "google.protobuf", "nixl"):  # None: not importable
+        try:
+            info[name] = getattr(importlib.import_module(name), "__version__", "importable")
+        except Exception as e:  # noqa: BLE001 - a broken install is a report, not a crash
+            info[name] = None if isinstance(e, ImportError) else f"{type(e).__name__}: {e}"
     if ctx.device.type == "cuda":
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info()
