@@ -19,6 +19,18 @@ def parse_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def parse_device(name: str) -> torch.device:
+    """Map "cpu" | "cuda" | "cuda:N" to a torch device; ValueError otherwise (no CUDA check:
+    allocating on a machine without it raises torch's own error)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}")
+    return device
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache shape.
@@ -101,12 +113,16 @@ class EngineConfig:
     dtype: "float32" | "bfloat16" | "float16" (weights, activations and KV cache).
     max_model_len: context limit in tokens; None = the model's max_position_embeddings.
     seed: seed of the default RNG used by unseeded sampled requests.
+    device: where weights, the KV pool, the step's index tensors and sampling live: "cpu"
+    (torch / native kernels) or "cuda" / "cuda:N" (Triton kernels). The KV tiers and the
+    transfer transports are exercised on "cpu" only.
     """
 
     model: str = "smollm2-135m"
     dtype: str = "float32"
     max_model_len: int | None = None
     seed: int = 0
+    device: str = "cpu"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -114,7 +130,12 @@ class EngineConfig:
         parse_dtype(self.dtype)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be ≥ 1")
+        parse_device(self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return parse_device(self.device)

@@ -26,7 +26,7 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", **kwargs) -> None:
         cache_keys = CacheConfig.__dataclass_fields__.keys()
         sched_keys = SchedulerConfig.__dataclass_fields__.keys()
-        engine_keys = {"max_model_len", "seed"}
+        engine_keys = {"max_model_len", "seed", "device"}
         unknown = set(kwargs) - set(cache_keys) - set(sched_keys) - engine_keys
         if unknown:
             raise TypeError(f"unknown LLM arguments: {sorted(unknown)}")

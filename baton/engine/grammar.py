@@ -27,17 +27,24 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import torch
-import xgrammar as xgr
 from torch import Tensor
+
+try:
+    import xgrammar as xgr
+except ImportError:  # an image without it (the GPU check machine): the engine runs, and
+    xgr = None       # a structured-output request is refused with a ValueError
 
 from baton.sampling_params import StructuredOutput, StructuredOutputKind
 
 _ANY_OBJECT = json.dumps({"type": "object"})
+_MISSING = "structured output needs the xgrammar package, which is not installed here"
 
 
 def build_grammar(spec: StructuredOutput) -> xgr.Grammar:
     """The spec's grammar: prefix, the JSON value, suffix (no tokenizer needed). ValueError: a
     schema xgrammar cannot convert."""
+    if xgr is None:
+        raise ValueError(_MISSING)
     schema = spec.json_schema if spec.kind == StructuredOutputKind.JSON_SCHEMA else _ANY_OBJECT
     try:
         parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
@@ -83,6 +90,8 @@ class GrammarCompiler:
         if hit is not None:
             self._cache.move_to_end(spec)
             return hit
+        if xgr is None:
+            raise ValueError(_MISSING)
         if self._compiler is None:
             info = xgr.TokenizerInfo.from_huggingface(
                 self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids)

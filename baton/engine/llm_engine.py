@@ -59,7 +59,7 @@ class LLMEngine:
         self.config = config
         self.model_path = resolve_model(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = DecoderModel(self.model_path, config.torch_dtype)
+        self.model = DecoderModel(self.model_path, config.torch_dtype, config.torch_device)
         cache, shape = config.cache, self.model.shape
         per_block = ModelRunner.bytes_per_block(self.model, cache.block_size)
         num_blocks = cache.num_blocks or max(2, cache.kv_cache_memory_bytes // per_block)

@@ -21,15 +21,17 @@ from baton.engine.sched_output import ScheduledRequest
 class ModelRunner:
     """Owns the KV tensor and runs one forward + sample per step.
 
-    kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size], model dtype.
+    kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size], model dtype,
+    on the model's device; each step's index tensors are built on the host and copied there.
     """
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int) -> None:
         self.model = model
         self.block_size = block_size
+        self.device = model.device
         s = model.shape
         self.kv_cache = torch.zeros(num_blocks, s.num_layers, 2, block_size, s.num_kv_heads,
-                                    s.head_size, dtype=model.dtype)
+                                    s.head_size, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
 
     @staticmethod
@@ -49,7 +51,7 @@ class ModelRunner:
         sampling = [i for i, s in enumerate(batch) if s.completes_prompt]
         if not sampling:
             return [], None
-        logits = self.model.compute_logits(hidden[ends[sampling]])
+        logits = self.model.compute_logits(hidden[self._to_device(ends[sampling])])
         rows = [batch[i] for i in sampling]
         params = [r.request.sampling_params for r in rows]
         history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
@@ -75,22 +77,28 @@ class ModelRunner:
             slots.extend(table[i // bs] * bs + i % bs for i in p)
             if s.num_new_tokens == 1 and s.completes_prompt and num_decode == len(ids) - 1:
                 num_decode += 1
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        dev = self._to_device
+        meta = AttentionMetadata(slot_mapping=dev(torch.tensor(slots, dtype=torch.int64)),
                                  num_decode_tokens=num_decode)
         dec, pre = batch[:num_decode], batch[num_decode:]
         if dec:
-            meta.decode_block_tables = _pad_tables([s.block_table for s in dec])
-            meta.decode_context_lens = torch.tensor(
-                [s.request.num_computed_tokens + 1 for s in dec], dtype=torch.int32)
+            meta.decode_block_tables = dev(_pad_tables([s.block_table for s in dec]))
+            meta.decode_context_lens = dev(torch.tensor(
+                [s.request.num_computed_tokens + 1 for s in dec], dtype=torch.int32))
         if pre:
-            meta.prefill_block_tables = _pad_tables([s.block_table for s in pre])
+            meta.prefill_block_tables = dev(_pad_tables([s.block_table for s in pre]))
             q_lens = torch.tensor([s.num_new_tokens for s in pre], dtype=torch.int32)
-            meta.prefill_query_start_loc = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(
-                torch.int32)
-            meta.prefill_seq_lens = torch.tensor(
+            meta.prefill_query_start_loc = dev(torch.nn.functional.pad(
+                q_lens.cumsum(0), (1, 0)).to(torch.int32))
+            meta.prefill_seq_lens = dev(torch.tensor(
                 [s.request.num_computed_tokens + s.num_new_tokens for s in pre],
-                dtype=torch.int32)
-        return (torch.tensor(ids, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64), meta)
+                dtype=torch.int32))
+        return (dev(torch.tensor(ids, dtype=torch.int64)),
+                dev(torch.tensor(pos, dtype=torch.int64)), meta)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the runner's device (itself on CPU, so that path is unchanged)."""
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

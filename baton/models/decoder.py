@@ -90,13 +90,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
 class Layer:
     """Weights of one decoder layer, fused: qkv [(Hq + 2·Hkv)·D, hidden], o [hidden, Hq·D],
     gate_up [2·I, hidden] (gate rows, then up rows), down [hidden, I], each a `Linear` (given
-    (out, in), stored for the GEMV path in use, see baton/models/linear.py)."""
+    (out, in), stored for the GEMV path in use, see baton/models/linear.py). split: the CPU
+    column-split storage of the wide products (off on CUDA, where it buys nothing)."""
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype,
-                 native: bool) -> None:
+                 native: bool, device: torch.device | None = None, split: bool = True) -> None:
         def get(name: str) -> torch.Tensor | None:
             t = w.get(prefix + name)
-            return None if t is None else t.to(dtype)
+            return None if t is None else t.to(device=device, dtype=dtype)
 
         a = "self_attn."
         self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native)
@@ -106,8 +107,8 @@ class Layer:
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
         self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-                              native, split=True)
-        self.down = Linear(get("mlp.down_proj.weight"), native, split=True)
+                              native, split=split)
+        self.down = Linear(get("mlp.down_proj.weight"), native, split=split)
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
 
@@ -121,15 +122,20 @@ class DecoderModel:
     kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] (block-major,
     so one block is contiguous across layers for transfer). Raises UnsupportedModelError-like
     ValueError for configs it cannot run (sliding window shorter than the context).
+    device: where the weights and rope tables live; on CUDA the kv_cache must be there too
+    and attention runs the Triton kernels, on CPU `kernels.paged_cpu` and the native GEMV.
     """
 
-    def __init__(self, folder: Path, dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
         from transformers import AutoConfig
         from transformers.activations import ACT2FN
 
         self.config = AutoConfig.from_pretrained(folder)
         cfg = self.config
         self.dtype = dtype
+        self.device = torch.device(device)
+        cpu = self.device.type == "cpu"
         head_size = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.shape = ModelShape(
             num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
@@ -141,17 +147,20 @@ class DecoderModel:
         self.act = ACT2FN[cfg.hidden_act]
         self.scale = head_size ** -0.5
         weights = self._load_weights(folder)
-        self.native_gemv = use_native_gemv(dtype)
-        self.embed = weights["model.embed_tokens.weight"].to(dtype)
-        self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv)
-                       for i in range(cfg.num_hidden_layers)]
-        self.norm = weights["model.norm.weight"].to(dtype)
+        self.native_gemv = cpu and use_native_gemv(dtype)
+        place = {"device": self.device, "dtype": dtype}
+        self.embed = weights["model.embed_tokens.weight"].to(**place)
+        self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv,
+                             self.device, split=cpu) for i in range(cfg.num_hidden_layers)]
+        self.norm = weights["model.norm.weight"].to(**place)
         lm_head = weights.get("lm_head.weight")
-        if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
-            lm_head = weights["model.embed_tokens.weight"]
-        # rows may exceed config.vocab_size (padded vocab); a tied fp32 one shares `embed`'s memory
-        self.lm_head = Linear(lm_head.to(dtype), self.native_gemv, split=True)
-        self._cos, self._sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
+        tied = lm_head is None or getattr(cfg, "tie_word_embeddings", False)
+        # rows may exceed config.vocab_size (padded vocab); a tied one starts from `embed` (the
+        # native storage then shares its memory)
+        self.lm_head = Linear(self.embed if tied else lm_head.to(**place), self.native_gemv,
+                              split=cpu)
+        cos, sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
+        self._cos, self._sin_signed = cos.to(self.device), sin_signed.to(self.device)
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,75 @@
+"""benchmarks/gpu_check.py stays runnable: its CPU dry-run passes, every section reports once,
+and the section runner turns a failure or the time budget into a report, not a crash."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO / "benchmarks"))
+gpu_check = importlib.import_module("gpu_check")
+
+
+@pytest.mark.timeout(300)
+def test_dry_run_reports_every_section_and_exits_0(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run",
+         "--json", str(report)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = re.findall(r"^== \[(\w+)\] (PASS|FAIL|SKIP) ", proc.stdout, re.MULTILINE)
+    assert [name for name, _ in lines] == list(gpu_check.SECTIONS)
+    sections = {s["section"]: s for s in json.loads(report.read_text())["sections"]}
+    assert list(sections) == list(gpu_check.SECTIONS)
+    # what runs on CPU must pass there; only the CUDA graph capture (and NIXL where it is not
+    # installed) may skip
+    for name in ("env", "engine", "kernels", "decode_bw"):
+        assert sections[name]["status"] == "PASS", sections[name]
+    assert sections["graphs"]["status"] == "SKIP"
+    assert "CUDA" in sections["graphs"]["reason"]
+    nixl_ok = importlib.util.find_spec("nixl") is not None
+    assert sections["nixl"]["status"] == ("PASS" if nixl_ok else "SKIP"), sections["nixl"]
+    engine = sections["engine"]["details"]
+    assert all(engine[m]["match"] for m in ("smollm2-135m", "llama-3.2-1b"))
+
+
+def _ctx():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(report={})
+
+
+def test_a_raising_section_fails_alone():
+    def section(name):
+        if name == "bad":
+            def run(ctx):
+                raise RuntimeError("boom")
+            return run
+        return lambda ctx: ("PASS", "fine")
+
+    results = gpu_check.run_sections(_ctx(), ["ok1", "bad", "ok2"], 60, section)
+    assert [(r["section"], r["status"]) for r in results] == [
+        ("ok1", "PASS"), ("bad", "FAIL"), ("ok2", "PASS")]
+    assert "RuntimeError: boom" in results[1]["reason"]
+
+
+def test_budget_stops_the_running_section_and_skips_the_rest():
+    def section(name):
+        def run(ctx):
+            for _ in range(200):  # 10 s at most, far past the 0.3 s budget
+                time.sleep(0.05)
+            return "PASS", "never"
+        return run
+
+    results = gpu_check.run_sections(_ctx(), ["slow", "after"], 0.3, section)
+    assert results[0]["status"] == "FAIL" and "budget" in results[0]["reason"]
+    assert results[1]["status"] == "SKIP"
