@@ -93,9 +93,13 @@ class BlockPool:
         evicted = [b for b in out if b.block_hash is not None]
         if evicted and self.evict_hook is not None:
             self.evict_hook(evicted)  # before any change: if it raises, the pool is as it was
+        free, anon = self.free, self.free.anon
         for block in out:
-            self.free.remove(block.block_id, block.owner, evicting=True)
-            block.owner = None
+            if block.owner is None:
+                del anon[block.block_id]  # the common case, inline
+            else:
+                free.remove(block.block_id, block.owner, evicting=True)
+                block.owner = None
             self._evict(block)
             block.ref_cnt = 1
         return out
@@ -116,10 +120,14 @@ class BlockPool:
         if session is not None and session.session_id:
             sid = session.session_id
             self.free.set_deadline(sid, session.ttl_s)
+        free, anon = self.free, self.free.anon
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                block.owner = self.free.add(block.block_id, sid, block.block_hash is not None)
+                if sid is None and block.block_hash is not None:
+                    anon[block.block_id] = None  # the common case, inline (owner stays None)
+                else:
+                    block.owner = free.add(block.block_id, sid, block.block_hash is not None)
 
     def end_session(self, session_id: str) -> int:
         """End a session: its free blocks become the first to evict (class (a) head), and its
