@@ -44,3 +44,21 @@ def hint_from_wire(session_id: str, ttl_s: float | None, end: bool) -> SessionHi
     if not session_id:
         return None
     return SessionHint(session_id, check_ttl(ttl_s) if ttl_s is not None else 0.0, bool(end))
+
+
+def hint_from_proto(req) -> SessionHint | None:
+    """The hint of a GenerateRequest or PrefillRequest (session_id, session_ttl_seconds,
+    session_end). Raises ValueError for a bad TTL, or hints without a session id."""
+    has_ttl = req.HasField("session_ttl_seconds")
+    if not req.session_id and (has_ttl or req.session_end):
+        raise ValueError("session_ttl_seconds / session_end need a session_id")
+    return hint_from_wire(req.session_id, req.session_ttl_seconds if has_ttl else None,
+                          req.session_end)
+
+
+def hint_fields(hint: SessionHint | None) -> dict:
+    """Keyword fields of a GenerateRequest / PrefillRequest carrying `hint` ({} for None)."""
+    if hint is None:
+        return {}
+    return {"session_id": hint.session_id, "session_ttl_seconds": hint.ttl_s,
+            "session_end": hint.end}
