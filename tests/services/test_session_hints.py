@@ -40,6 +40,9 @@ async def test_hints_reach_both_pools_and_end_session_ends_them(whole):
         free = server.engine.kv.pool.free
         await _until(lambda: free.num_session_free > 0)  # prefill: once its lease ended
         assert free.is_pinned("agent-1")
+        sample = server.metrics.registry.get_sample_value
+        assert sample("baton_kv_session_free_blocks") == free.num_session_free
+        assert sample("baton_kv_prefetched_blocks_total") == 0  # no tier configured
     ended = await client.decode.EndSession(common_pb2.EndSessionRequest(session_id="agent-1"))
     pended = await client.prefill.EndSession(common_pb2.EndSessionRequest(session_id="agent-1"))
     assert ended.num_blocks > 0 and pended.num_blocks > 0
