@@ -87,3 +87,42 @@ def test_aborts_in_every_state_with_hints_leave_everything_whole(tiny_llama):
     assert not eng.kv.hints and not eng.kv.pool.free.sessions
     check_whole(eng.kv.pool)
     _whole(llm)
+
+
+async def test_idle_engine_thread_restores_a_pinned_session(tiny_llama):
+    import asyncio
+
+    from baton.worker.async_engine import AsyncEngine
+
+    llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24,
+              kv_host_tier_bytes=64 * BLOCK_BYTES)
+    ae, hint = AsyncEngine(llm.engine), SessionHint("s", ttl_s=600)
+    ae.start()
+
+    async def run(rid, prompt, session):
+        q = ae.open_stream(rid)
+        await ae.call(lambda e: e.add_request(rid, prompt, GREEDY, session=session))
+        out = []
+        try:
+            while not out or not out[-1].finished:
+                out.append(await q.get())
+        finally:
+            ae.close_stream(rid)
+        return [t for o in out for t in o.new_token_ids]
+
+    try:
+        t1 = _ids(30, 1)
+        out1 = await run("t1", t1, hint)
+        await run("x", _ids(70, 3), None)  # 5 of turn 1's 9 blocks evicted while pinned
+        for _ in range(500):  # the engine thread restores them once idle
+            if await ae.call(lambda e: e.kv.prefetched_blocks) >= 5:
+                break
+            await asyncio.sleep(0.01)
+        assert await ae.call(lambda e: e.kv.prefetched_blocks) == 5
+        loaded = llm.engine.kv.tier.host_totals.loaded_blocks
+        await run("t2", t1 + out1 + _ids(5, 4), hint)
+        assert llm.engine.kv.tier.host_totals.loaded_blocks == loaded
+        assert llm.engine.kv.pool.prefetch_hits == 5
+    finally:
+        ae.shutdown()
+    _whole(llm)

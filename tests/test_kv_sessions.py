@@ -196,3 +196,44 @@ def test_prefetch_takes_only_class_a_blocks():
     assert mgr.pool.free.pinned_evictions == 0
     mgr.free("t2")
     check_whole(mgr.pool)
+
+
+def test_idle_restore_brings_a_pinned_sessions_demoted_prefix_back():
+    clock = Clock()
+    kv, tier, mgr = _tiered(6, clock)
+    turn1 = list(range(100, 116))  # 4 blocks
+    hint = SessionHint("s", ttl_s=30)
+    _run(mgr, kv, "t1", turn1, hint)
+    deadline = mgr.pool.free.sessions["s"].deadline
+    mgr.allocate_slots("busy", 24)  # the whole pool: nothing else free, so pins go
+    assert mgr.pool.free.pinned_evictions == 4 and list(mgr.pool.free.demoted) == ["s"]
+    assert mgr.restore_sessions() == 0  # no free class-(a) block yet
+    mgr.free("busy")  # uncached: class (a)
+    clock.t += 5
+    assert mgr.restore_sessions() == 4 and not mgr.pool.free.demoted
+    assert mgr.pool.free.sessions["s"].deadline == deadline  # a restore is not a use
+    h1 = hash_block_tokens(turn1, 4)
+    assert all(mgr.pool.blocks[mgr.pool.cached[h]].owner == "s" for h in h1)
+    loaded = tier.host_totals.loaded_blocks
+    mgr.bind_session("t2", hint)
+    hits, n = mgr.get_computed_blocks("t2", turn1 + [5, 6])
+    assert n == 16 and tier.host_totals.loaded_blocks == loaded
+    mgr.allocate_slots("t2", 18, hits)
+    assert mgr.pool.prefetch_hits == 4
+    mgr.free("t2")
+    check_whole(mgr.pool)
+
+
+def test_no_restore_once_the_ttl_passed_or_the_session_ended():
+    clock = Clock()
+    for how in ("expired", "ended"):
+        kv, tier, mgr = _tiered(6, clock)
+        _run(mgr, kv, "t1", list(range(100, 116)), SessionHint("s", ttl_s=30))
+        mgr.allocate_slots("busy", 24)
+        mgr.free("busy")
+        if how == "expired":
+            clock.t += 31
+        else:
+            mgr.end_session("s")
+        assert mgr.restore_sessions() == 0 and mgr.prefetched_blocks == 0
+        check_whole(mgr.pool)

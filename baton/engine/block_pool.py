@@ -104,9 +104,11 @@ class BlockPool:
             block.ref_cnt = 1
         return out
 
-    def release(self, blocks: Sequence[Block], session: SessionHint | None = None) -> None:
+    def release(self, blocks: Sequence[Block], session: SessionHint | None = None,
+                refresh: bool = True) -> None:
         """Drop one reference per listing of each block; blocks reaching 0 join the free lists:
-        `session`'s (its deadline refreshed to now + its TTL) unless it is None or ended.
+        `session`'s (its deadline moved to now + its TTL if `refresh`) unless it is None,
+        ended, or (not `refresh`) unknown.
 
         A block listed k times must hold at least k references. A release that would take a
         block below zero (a free block, or one listed twice with one reference) raises
@@ -119,7 +121,8 @@ class BlockPool:
         sid = None
         if session is not None and session.session_id:
             sid = session.session_id
-            self.free.set_deadline(sid, session.ttl_s)
+            if refresh:
+                self.free.set_deadline(sid, session.ttl_s)
         free, anon = self.free, self.free.anon
         for block in blocks:
             block.ref_cnt -= 1

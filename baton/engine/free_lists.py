@@ -56,6 +56,7 @@ class FreeLists:
         self._seq = itertools.count()
         self.num_session_free = 0
         self.pinned_evictions = 0  # blocks taken from sessions inside their deadline
+        self.demoted: OrderedDict[str, None] = OrderedDict()  # sessions that lost pinned blocks
 
     def __len__(self) -> int:
         return len(self.anon) + self.num_session_free
@@ -86,6 +87,7 @@ class FreeLists:
         self.ended.move_to_end(session_id)
         while len(self.ended) > self.max_ended:
             self.ended.popitem(last=False)
+        self.demoted.pop(session_id, None)
         s = self.sessions.pop(session_id, None)
         if s is None:
             return []
@@ -128,6 +130,9 @@ class FreeLists:
         now = self.clock()
         if evicting and s.deadline > now:
             self.pinned_evictions += 1
+            self.demoted[owner] = None
+            if len(self.demoted) > self.max_ended:
+                self.demoted.popitem(last=False)
         if not s.free and s.deadline <= now:
             del self.sessions[owner]  # nothing left to order; a later release recreates it
 

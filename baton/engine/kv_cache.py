@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from baton.block_hash import BlockHashFn, hash_block, hash_block_tokens
 from baton.engine.block_pool import Block, BlockPool
-from baton.engine.kv_prefetch import load_from_tier, pool_hits
+from baton.engine.kv_prefetch import SessionChains, load_from_tier, pool_hits
 from baton.engine.kv_tier import KVTier
 from baton.session_hints import SessionHint
 
@@ -43,6 +43,7 @@ class _RequestBlocks:
     blocks: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    token_ids: Sequence[int] = ()  # the request's token list (a reference; cache_blocks)
 
 
 class KVCacheManager:
@@ -70,7 +71,8 @@ class KVCacheManager:
                               clock)
         self.requests: dict[str, _RequestBlocks] = {}
         self.hints: dict[str, SessionHint] = {}  # request id → its session (bind_session)
-        self.prefetched_blocks = 0  # loaded ahead of admission (`prefetch`)
+        self.prefetched_blocks = 0  # loaded ahead of admission (`prefetch`, restores)
+        self.chains = SessionChains()  # pinned sessions' last prefixes (restore_sessions)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -171,7 +173,17 @@ class KVCacheManager:
         """End a session (DELETE /v1/sessions/{id} or a last turn): its free blocks become
         the first to evict; blocks its live requests hold follow when they finish. Returns
         the free blocks moved."""
+        self.chains.forget(session_id)
         return self.pool.end_session(session_id)
+
+    def restore_sessions(self) -> int:
+        """Bring back from the tier the last turn's prefix of pinned sessions that lost
+        blocks to eviction, into free class-(a) blocks (call when idle). Returns blocks."""
+        if self.tier is None or not self.pool.free.demoted:
+            return 0
+        n = self.chains.restore(self.pool, self.tier, self.block_size)
+        self.prefetched_blocks += n
+        return n
 
     def fits(self, num_tokens: int, hits: Sequence[Block], reserved_blocks: int) -> bool:
         """True when `num_tokens` tokens fit with `hits` taken, beside `reserved_blocks` other
@@ -244,6 +256,7 @@ class KVCacheManager:
         num_full = min(num_computed // self.block_size, len(entry.blocks))
         if num_full <= entry.num_cached_blocks:
             return
+        entry.token_ids = token_ids
         hashes = self._hashes(request_id, token_ids[:num_full * self.block_size])
         bs = self.block_size
         for i in range(entry.num_cached_blocks, num_full):
@@ -272,5 +285,9 @@ class KVCacheManager:
         hint = self.hints.pop(request_id, None) if final else self.hints.get(request_id)
         if entry is not None:
             self.pool.release(list(reversed(entry.blocks)), hint)
-        if final and hint is not None and hint.end:
-            self.pool.end_session(hint.session_id)
+        if final and hint is not None:
+            if hint.end:
+                self.end_session(hint.session_id)
+            elif entry is not None and self.tier is not None:
+                self.chains.remember(hint, entry.hashes[:entry.num_cached_blocks],
+                                     entry.token_ids)

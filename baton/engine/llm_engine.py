@@ -142,6 +142,11 @@ class LLMEngine:
         """End a session's retention (its free blocks first to evict). Returns how many."""
         return self.kv.end_session(session_id)
 
+    def restore_sessions(self) -> int:
+        """Idle work: reload from the KV tier what pinned sessions lost to eviction
+        (KVCacheManager.restore_sessions). Returns blocks loaded."""
+        return self.kv.restore_sessions()
+
     def abort_request(self, request_id: str) -> StepOutput | None:
         """Abort in any state; frees its blocks. Returns its final output, None if unknown."""
         return self.end_request(request_id, RequestStatus.FINISHED_ABORTED)
