@@ -127,6 +127,8 @@ class FreeLists:
         s = self.sessions[owner]
         del s.free[block_id]
         self.num_session_free -= 1
+        if not evicting and s.free:
+            return  # a prefix hit: no clock read
         now = self.clock()
         if evicting and s.deadline > now:
             self.pinned_evictions += 1

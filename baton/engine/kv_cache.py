@@ -22,6 +22,10 @@ loaded into a fresh pool block and registered, so admission sees it as an ordina
     hashes : h0   h1   h2   h3   h4
     pool   : hit  hit  miss                 ─▶ tier: h2 host, h3 disk, h4 miss
     result : [b7, b2, b5*, b1*]  (* loaded now: cached, free, taken by allocate_slots)
+
+Session hints (baton/session_hints.py) order the free blocks by class: no session / ended
+first, then sessions by deadline (free_lists.py); a request's tier-held prefix is prefetched
+on arrival, a pinned session's demoted prefix restored when idle (kv_prefetch.py).
 """
 from __future__ import annotations
 
