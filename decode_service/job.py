@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from baton.engine.remote_kv import RemoteKV
 from baton.sampling_params import SamplingParams
+from baton.session_hints import SessionHint
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.wire import seed_for_index
 from decode_service.context import DecodeContext
@@ -29,6 +30,7 @@ class Job:
     arrival: float = field(default_factory=time.monotonic)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     sequences: list[DecodeSequence] = field(default_factory=list)
+    session: SessionHint | None = None
 
     @property
     def n(self) -> int:
@@ -43,6 +45,6 @@ class Job:
         seq_id = self.request_id if self.n == 1 else f"{self.request_id}/{index}"
         params = replace(self.params, n=1, seed=seed_for_index(self.params.seed, index))
         seq = DecodeSequence(index, seq_id, self.prompt, params, self.aborted, engine,
-                             remote_kv, ctx)
+                             remote_kv, ctx, self.session)
         self.sequences.append(seq)
         return seq

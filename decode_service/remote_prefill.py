@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import grpc
 
 from baton.engine.remote_kv import RemotePrefillPlan
+from baton.session_hints import SessionHint, hint_fields
 from baton.transfer import KVReceiver, TransferState
 from decode_service.config import DecodeConfig
 from decode_service.peers import AbortAnswer, PrefillPeer, PrefillPeers
@@ -98,8 +99,10 @@ class RemoteResult:
 class RemotePrefill:
     def __init__(self, config: DecodeConfig, receiver: KVReceiver, peers: PrefillPeers,
                  peer: PrefillPeer, plan: RemotePrefillPlan, prompt: list[int],
-                 params: common_pb2.SamplingParams, aborted: asyncio.Event) -> None:
+                 params: common_pb2.SamplingParams, aborted: asyncio.Event,
+                 session: SessionHint | None = None) -> None:
         self.config, self.receiver, self.peers, self.peer = config, receiver, peers, peer
+        self.session = session
         self.plan, self.prompt, self.params, self.aborted = plan, prompt, params, aborted
         self.rid = plan.request_id
         self.transfer_id = f"{self.rid}@{uuid.uuid4().hex[:12]}"
@@ -114,7 +117,7 @@ class RemotePrefill:
             request_id=self.rid, prompt_token_ids=self.prompt, sampling_params=self.params,
             num_cached_on_decode=plan.num_cached_tokens, dst_block_ids=plan.dst_block_ids,
             transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
-            timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch)
+            timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch, **hint_fields(self.session))
         deadline = time.monotonic() + timeout
         try:
             result = await self._call(request)

@@ -42,6 +42,7 @@ from baton.engine.remote_kv import RemoteKV, RemotePrefillPlan
 from baton.engine.request import Request
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
+from baton.session_hints import SessionHint
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.wire import logprob_from_proto, sampling_params_to_proto
 from decode_service.context import DecodeContext
@@ -86,8 +87,9 @@ class DecodeSequence:
 
     def __init__(self, index: int, seq_id: str, prompt: list[int], params: SamplingParams,
                  aborted: asyncio.Event, engine: AsyncEngine, remote_kv: RemoteKV,
-                 ctx: DecodeContext) -> None:
+                 ctx: DecodeContext, session: SessionHint | None = None) -> None:
         self.index, self.seq_id, self.prompt, self.params = index, seq_id, prompt, params
+        self.session = session  # its request's session hint (engine eviction order)
         self.aborted, self.engine, self.remote_kv, self.ctx = aborted, engine, remote_kv, ctx
         self.state = SeqState.NEW
         self.settled = asyncio.Event()
@@ -144,11 +146,12 @@ class DecodeSequence:
         rid, prompt, params, rkv = self.seq_id, self.prompt, self.params, self.remote_kv
         if peer is None:
             self.engine_request = await self.engine.call(
-                lambda e: e.add_request(rid, prompt, params))
+                lambda e: e.add_request(rid, prompt, params, self.session))
             return None
         choice = self.ctx.pd.choice(peer, min_remote_tokens)
         plan, self.engine_request = await self.engine.call(
-            lambda e: rkv.add(rid, prompt, params, go_remote=choice.go_remote(e)))
+            lambda e: rkv.add(rid, prompt, params, go_remote=choice.go_remote(e),
+                              session=self.session))
         self.ctx.pd.record(choice, plan is not None, rid)
         return plan
 
@@ -167,7 +170,7 @@ class DecodeSequence:
         try:
             result = await RemotePrefill(ctx.config, ctx.receiver, ctx.peers, peer, plan,
                                          self.prompt, sampling_params_to_proto(self.params),
-                                         self.aborted).run()
+                                         self.aborted, self.session).run()
         except Exception as e:  # a bug: assume a transfer may still be writing
             log.exception("remote prefill crashed", extra={"request_id": self.seq_id})
             result = RemoteResult(RemoteOutcome.FAILED_WRITES_MAY_LAND, repr(e),

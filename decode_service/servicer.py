@@ -6,6 +6,7 @@
               UNAVAILABLE); later failures arrive as Finished{ERROR}. A cancelled call aborts.
     Abort     DecodeWorker.abort: the stream ends with Finished{ABORT}
     GetStats  a WorkerStats snapshot taken on the engine thread
+    EndSession  the session's cached blocks become first to evict (engine thread)
 """
 from __future__ import annotations
 
@@ -42,3 +43,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
         return await self.stats(request)
+
+    async def EndSession(self, request: common_pb2.EndSessionRequest, context):
+        if not request.session_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
+        n = await self.worker.end_session(request.session_id)
+        return common_pb2.EndSessionResponse(num_blocks=n)

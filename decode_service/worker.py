@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from baton.engine.remote_kv import RemoteKV
+from baton.session_hints import hint_from_proto
 from baton.transfer import KVReceiver
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.process import Rejected
@@ -93,7 +94,7 @@ class DecodeWorker:
         params = sampling_params_from_proto(req.sampling_params)
         if params.n > cfg.max_n:
             raise ValueError(f"n={params.n} is over this worker's limit of {cfg.max_n}")
-        return Job(rid, list(req.prompt_token_ids), params)
+        return Job(rid, list(req.prompt_token_ids), params, session=hint_from_proto(req))
 
     async def _route(self, req: decode_pb2.GenerateRequest
                      ) -> tuple[PrefillPeer | None, int | None]:
@@ -120,6 +121,11 @@ class DecodeWorker:
                         extra={"request_id": req.request_id})
             self.metrics.remote_prefills.labels("unreachable").inc()
             return None, 0
+
+    async def end_session(self, session_id: str) -> int:
+        """End a session's retention in this worker's pool (free blocks moved first to
+        evict); returns how many."""
+        return await self.ae.call(lambda e: e.end_session(session_id))
 
     # ---- Abort, drain --------------------------------------------------------------------
     async def abort(self, request_id: str) -> bool:

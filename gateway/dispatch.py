@@ -30,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.prefix_hashes import SessionHashCache
 from gateway.router import RouteDecision, Router
+from gateway.session_hints import SessionHints, request_fields
 from gateway.workers import DECODE, PREFILL, Worker, WorkerPool
 from protos import common_pb2, decode_pb2
 
@@ -50,6 +51,7 @@ class TokenizedRequest:
     session_id: str = ""
     arrival: float = field(default_factory=time.monotonic)
     parent_session_id: str = ""  # the session that spawned this one (gateway/sessions.py)
+    session_hints: SessionHints = SessionHints()  # TTL, last turn (gateway/session_hints.py)
 
     @property
     def n(self) -> int:
@@ -166,7 +168,8 @@ class Dispatcher:
         mode = self.config.prefill_mode
         req = decode_pb2.GenerateRequest(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            sampling_params=request.params, session_id=request.session_id)
+            sampling_params=request.params, session_id=request.session_id,
+            **request_fields(request.session_id, request.session_hints))
         if decision.prefill is None or mode is PrefillModeChoice.LOCAL:
             req.prefill_mode = decode_pb2.PREFILL_MODE_LOCAL
         else:

@@ -8,7 +8,8 @@ A client that cancels the call cancels the decode call behind it. With an API ke
 method but the standard health service needs `authorization: Bearer KEY` metadata (as HTTP
 needs the header on every path but /health): `ApiKeyInterceptor`.
 The session is the request's `session_id`, else the HTTP session headers sent as metadata
-(`x-session-id`, `x-dynamo-session-id`, ...; gateway/sessions.py), as is the parent session.
+(`x-session-id`, `x-dynamo-session-id`, ...; gateway/sessions.py), as is the parent session;
+session hints likewise (fields, else `x-session-ttl` / `x-session-end`; session_hints.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.errors import GatewayError
 from gateway.prompts import PromptBuilder, PromptError
+from gateway.session_hints import SessionHints, parse_session_hints
 from gateway.sessions import session_keys
 from gateway.structured import check_proto
 from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -52,9 +54,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         meta = {k: v for k, v in (context.invocation_metadata() or ())
                 if isinstance(v, str)}
         keys = session_keys(meta.get)
+        session_id = request.session_id or keys.session_id
+        try:
+            hints = _hints(request, meta.get, session_id)
+        except GatewayError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, e.message)
         job = TokenizedRequest(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
-                               request.session_id or keys.session_id, arrival,
-                               keys.parent_session_id)
+                               session_id, arrival, keys.parent_session_id, hints)
         messages = self._dispatcher.stream(job)
         try:
             async for msg in messages:
@@ -75,6 +81,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 [_message(m) for m in request.chat.messages],
                 [_tool(t) for t in request.chat.tools] or None)
         raise PromptError("a prompt is required (text, token_ids or chat)")
+
+
+def _hints(request: gateway_pb2.GatewayGenerateRequest, get, session_id: str) -> SessionHints:
+    """Session hints from the request's fields, else its metadata. GatewayError 400."""
+    ttl = request.session_ttl_seconds if request.HasField("session_ttl_seconds") else None
+    hints = parse_session_hints(get, ttl, session_id)
+    if request.session_end and not session_id:
+        raise GatewayError(400, "session_end needs a session id", param="session_end")
+    return hints._replace(end=True) if request.session_end else hints
 
 
 def checked_params(p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,

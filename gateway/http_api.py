@@ -47,6 +47,7 @@ from gateway.protocol import (
     to_sampling_params,
 )
 from gateway.responses import OutputSpec, collect, sse_events
+from gateway.session_hints import SessionRoutes, parse_session_hints
 from gateway.sessions import session_keys
 from gateway.tokenize_api import TokenizeRoutes
 from gateway.tool_parsers import TOOL_PARSERS
@@ -71,6 +72,7 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     TokenizeRoutes(prompts, routes.model_names, ignored).add_to(app)
+    SessionRoutes(dispatcher.router, pool, config.rpc_timeout_s).add_to(app)
     return app
 
 
@@ -179,6 +181,7 @@ class Routes:
         """One TokenizedRequest per prompt (GatewayError 400 naming the prompt and field)."""
         arrival = request.scope.get(ARRIVAL_KEY, time.monotonic())
         session = session_keys(request.headers.get, body.user)
+        hints = parse_session_hints(request.headers.get, body.kv_retention, session.session_id)
         jobs = []
         for i, ids_fn in enumerate(ids_fns):
             try:
@@ -191,7 +194,7 @@ class Routes:
                                    code="invalid_request") from e
             jobs.append(TokenizedRequest(rid if len(ids_fns) == 1 else f"{rid}-{i}", ids,
                                          params, session.session_id, arrival,
-                                         session.parent_session_id))
+                                         session.parent_session_id, hints))
         return jobs
 
 

@@ -107,6 +107,8 @@ class _Generation(Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    # Session KV retention: seconds, or {"ttl_s": seconds}; checked in gateway/session_hints.py.
+    kv_retention: Any = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)

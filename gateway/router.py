@@ -153,6 +153,12 @@ class Router:
                 while len(index) > cap:
                     index.popitem(last=False)
 
+    def end_session(self, session_id: str) -> tuple[str, str | None] | None:
+        """Forget a session (DELETE /v1/sessions/{id}); returns its (decode, prefill)
+        workers, None when it had no entry."""
+        s = self._sessions.pop(session_id, None)
+        return None if s is None else (s.decode, s.prefill)
+
     def forget_worker(self, address: str) -> None:
         """The worker left or restarted: what the gateway sent there is gone."""
         self._sent.pop(address, None)

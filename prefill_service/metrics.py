@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from baton.worker.session_metrics import SessionKVCollector
 from baton.worker.tier_metrics import KVTierCollector
 from baton.worker.vllm_metrics import VllmEngineCollector
 
@@ -47,6 +48,7 @@ class PrefillMetrics:
         """Point the gauges at live state (EngineCounts: safe from the scrape thread)."""
         self.registry.register(VllmEngineCollector(engine.counts, self.model_name))
         self.registry.register(KVTierCollector(engine.counts))
+        self.registry.register(SessionKVCollector(engine))
         self.waiting.set_function(lambda: engine.counts().num_waiting)
         self.running.set_function(lambda: engine.counts().num_running)
         self.free_blocks.set_function(lambda: engine.counts().num_free_blocks)

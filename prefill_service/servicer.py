@@ -78,3 +78,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
 
     async def GetStats(self, request: common_pb2.GetStatsRequest, context):
         return await self.stats(request)
+
+    async def EndSession(self, request: common_pb2.EndSessionRequest, context):
+        if not request.session_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
+        n = await self.worker.ae.call(lambda eng: eng.end_session(request.session_id))
+        return common_pb2.EndSessionResponse(num_blocks=n)

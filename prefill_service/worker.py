@@ -34,6 +34,7 @@ import grpc
 from baton.engine.block_holds import BlockHolds
 from baton.engine.request import Request
 from baton.outputs import StepOutput
+from baton.session_hints import hint_from_proto
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.process import Rejected
 from baton.worker.validate import check_request
@@ -142,6 +143,7 @@ class PrefillWorker:
             raise ValueError(f"endpoint transport {kind!r}; this worker sends over "
                              f"{self.sender.transport!r}")
         sampling_params_from_proto(req.sampling_params)  # ValueError for bad values
+        hint_from_proto(req)  # ValueError for a bad session TTL
 
     async def _run(self, seq: PrefillSequence) -> prefill_pb2.PrefillResponse:
         req, rid = seq.request, seq.request_id
@@ -173,7 +175,8 @@ class PrefillWorker:
         q = self.ae.open_stream(rid)
         try:
             engine_req = await self.ae.call(
-                lambda eng: self.holds.add(rid, list(req.prompt_token_ids), params))
+                lambda eng: self.holds.add(rid, list(req.prompt_token_ids), params,
+                                           hint_from_proto(req)))
             out = await seq.until(q.get())
         except PrefillEnded:
             await self.ae.call(lambda eng: self.holds.abort(rid))  # held blocks included

@@ -216,3 +216,15 @@ class AbortResponse(_message.Message):
     found: bool
     kv_epoch: int
     def __init__(self, found: _Optional[bool] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("num_blocks",)
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...

@@ -20,20 +20,24 @@ PREFILL_MODE_LOCAL: PrefillMode
 PREFILL_MODE_REMOTE: PrefillMode
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "session_id", "prefill_address", "prefill_mode")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "session_id", "prefill_address", "prefill_mode", "session_ttl_seconds", "session_end")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_END_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
     session_id: str
     prefill_address: str
     prefill_mode: PrefillMode
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_mode: _Optional[_Union[PrefillMode, str]] = ...) -> None: ...
+    session_ttl_seconds: float
+    session_end: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_mode: _Optional[_Union[PrefillMode, str]] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("index", "token_ids", "text_delta", "logprobs")

@@ -51,6 +51,11 @@ class DecodeServiceStub:
                 request_serializer=protos_dot_common__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=protos_dot_common__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.EndSession = channel.unary_unary(
+                '/baton.v1.DecodeService/EndSession',
+                request_serializer=protos_dot_common__pb2.EndSessionRequest.SerializeToString,
+                response_deserializer=protos_dot_common__pb2.EndSessionResponse.FromString,
+                _registered_method=True)
 
 
 class DecodeServiceServicer:
@@ -78,6 +83,13 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndSession(self, request, context):
+        """End a session's retention here: its cached blocks become first to evict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +107,11 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=protos_dot_common__pb2.GetStatsRequest.FromString,
                     response_serializer=protos_dot_common__pb2.WorkerStats.SerializeToString,
+            ),
+            'EndSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSession,
+                    request_deserializer=protos_dot_common__pb2.EndSessionRequest.FromString,
+                    response_serializer=protos_dot_common__pb2.EndSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +196,33 @@ class DecodeService:
             '/baton.v1.DecodeService/GetStats',
             protos_dot_common__pb2.GetStatsRequest.SerializeToString,
             protos_dot_common__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.DecodeService/EndSession',
+            protos_dot_common__pb2.EndSessionRequest.SerializeToString,
+            protos_dot_common__pb2.EndSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,7 +70,7 @@ class HandshakeResponse(_message.Message):
     def __init__(self, compatible: _Optional[bool] = ..., error: _Optional[str] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layout_hash: _Optional[int] = ..., worker_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds", "kv_epoch")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds", "kv_epoch", "session_id", "session_ttl_seconds", "session_end")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,9 @@ class PrefillRequest(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_END_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
@@ -91,7 +94,10 @@ class PrefillRequest(_message.Message):
     lease_seconds: float
     timeout_seconds: float
     kv_epoch: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
+    session_id: str
+    session_ttl_seconds: float
+    session_end: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ..., session_id: _Optional[str] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds")

@@ -76,9 +76,11 @@ def test_services_and_streaming_shapes():
     assert methods(prefill_pb2, "PrefillService") == {
         "Handshake": (False, False), "Prefill": (False, False), "Abort": (False, False),
         "ReleaseBlocks": (False, False), "GetStats": (False, False),
+        "EndSession": (False, False),
     }
     assert methods(decode_pb2, "DecodeService") == {
         "Generate": (False, True), "Abort": (False, False), "GetStats": (False, False),
+        "EndSession": (False, False),
     }
     assert methods(transfer_pb2, "KVTransfer") == {"PushBlocks": (True, False)}
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from baton.engine.request import Request, RequestStatus
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
+from baton.session_hints import SessionHint
 
 if TYPE_CHECKING:
     from baton.engine.llm_engine import LLMEngine
@@ -35,10 +36,10 @@ class BlockHolds:
         engine.finish_hook = self._on_finish
 
     def add(self, request_id: str, prompt_token_ids: list[int],
-            params: SamplingParams) -> Request:
-        """Queue a request whose blocks are held once it finishes. Raises ValueError like
-        `LLMEngine.add_request`."""
-        req = self.engine.add_request(request_id, prompt_token_ids, params)
+            params: SamplingParams, session: SessionHint | None = None) -> Request:
+        """Queue a request whose blocks are held once it finishes (then released into
+        `session`'s free list). Raises ValueError like `LLMEngine.add_request`."""
+        req = self.engine.add_request(request_id, prompt_token_ids, params, session)
         self._adding.add(request_id)
         return req
 

@@ -22,15 +22,22 @@ loaded into a fresh pool block and registered, so admission sees it as an ordina
     hashes : h0   h1   h2   h3   h4
     pool   : hit  hit  miss                 ─▶ tier: h2 host, h3 disk, h4 miss
     result : [b7, b2, b5*, b1*]  (* loaded now: cached, free, taken by allocate_slots)
+
+Session hints (baton/session_hints.py) order the free blocks by class: no session / ended
+first, then sessions by deadline (free_lists.py); a request's tier-held prefix is prefetched
+on arrival, a pinned session's demoted prefix restored when idle (kv_prefetch.py).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from baton.block_hash import BlockHashFn, hash_block, hash_block_tokens
 from baton.engine.block_pool import Block, BlockPool
+from baton.engine.kv_prefetch import SessionChains, load_from_tier, pool_hits
 from baton.engine.kv_tier import KVTier
+from baton.session_hints import SessionHint
 
 __all__ = ["Block", "BlockPool", "KVCacheManager"]
 
@@ -40,12 +47,14 @@ class _RequestBlocks:
     blocks: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    token_ids: Sequence[int] = ()  # the request's token list (a reference; cache_blocks)
 
 
 class KVCacheManager:
     """Assigns pool blocks to requests; the one place block ownership changes.
 
     tier: where evicted blocks go and prefix hits continue (None: evicted KV is dropped).
+    clock: monotonic seconds for session deadlines (tests inject one).
     Raises KeyError for an unknown request id where one is required.
     """
 
@@ -56,13 +65,18 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         hash_fn: BlockHashFn = hash_block,
         tier: KVTier | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
         self.tier = tier if enable_prefix_caching else None
-        self.pool = BlockPool(num_blocks, self.tier.offload if self.tier is not None else None)
+        self.pool = BlockPool(num_blocks, self.tier.offload if self.tier is not None else None,
+                              clock)
         self.requests: dict[str, _RequestBlocks] = {}
+        self.hints: dict[str, SessionHint] = {}  # request id → its session (bind_session)
+        self.prefetched_blocks = 0  # loaded ahead of admission (`prefetch`, restores)
+        self.chains = SessionChains()  # pinned sessions' last prefixes (restore_sessions)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -118,7 +132,7 @@ class KVCacheManager:
         Returns (blocks, num_computed_tokens). At least one token is always left to compute
         (its logits are needed), so a full hit stops one block short when the prompt is
         block-aligned. Takes no references: pass the blocks to `allocate_slots`. Blocks the
-        tier had are loaded into free pool blocks here (`_load_from_tier`), but only when the
+        tier had are loaded into free pool blocks here (`kv_prefetch.load_from_tier`), but only when the
         whole prompt then fits beside `reserved_blocks` others need (the scheduler's
         `_fits_whole_prompt`, whose answer loading does not change): a prompt that must wait
         does not churn other cached blocks down and its own up, step after step.
@@ -127,17 +141,53 @@ class KVCacheManager:
             return [], 0
         hashes = self._hashes(request_id, token_ids)
         max_blocks = (len(token_ids) - 1) // self.block_size
-        hits: list[Block] = []
-        bs = self.block_size
-        for i, block_hash in enumerate(hashes[:max_blocks]):
-            block = self.pool.lookup(block_hash, token_ids[i * bs:(i + 1) * bs])
-            if block is None:
-                break
-            hits.append(block)
+        hits = pool_hits(self.pool, self.block_size, hashes[:max_blocks], token_ids)
         if self.tier is not None and len(hits) < max_blocks and self.fits(
                 len(token_ids), hits, reserved_blocks):
-            hits += self._load_from_tier(hashes[:max_blocks], token_ids, hits)
-        return hits, len(hits) * bs
+            hits += load_from_tier(self.pool, self.tier, self.block_size, hashes[:max_blocks],
+                                   token_ids, hits, session=self.hints.get(request_id))
+        return hits, len(hits) * self.block_size
+
+    def prefetch(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Bring the request's prefix blocks the tier holds into free class-(a) pool blocks
+        now, ahead of its admission (kv_prefetch.py). Returns how many were loaded."""
+        if self.tier is None:
+            return 0
+        hashes = self._hashes(request_id, token_ids)
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        hits = pool_hits(self.pool, self.block_size, hashes[:max_blocks], token_ids)
+        if len(hits) == max_blocks:
+            return 0
+        loaded = load_from_tier(self.pool, self.tier, self.block_size, hashes[:max_blocks],
+                                token_ids, hits, session=self.hints.get(request_id),
+                                prefetch=True)
+        self.prefetched_blocks += len(loaded)
+        return len(loaded)
+
+    # ---- sessions (session_hints.py; eviction order: free_lists.py) ------------------------
+    def bind_session(self, request_id: str, hint: SessionHint | None) -> None:
+        """A request of session `hint` arrived: refresh (or reopen) the session's deadline;
+        its blocks are released into the session's free list until its final `free`."""
+        if hint is None:
+            return
+        self.hints[request_id] = hint
+        self.pool.free.set_deadline(hint.session_id, hint.ttl_s, reopen=True)
+
+    def end_session(self, session_id: str) -> int:
+        """End a session (DELETE /v1/sessions/{id} or a last turn): its free blocks become
+        the first to evict; blocks its live requests hold follow when they finish. Returns
+        the free blocks moved."""
+        self.chains.forget(session_id)
+        return self.pool.end_session(session_id)
+
+    def restore_sessions(self) -> int:
+        """Bring back from the tier the last turn's prefix of pinned sessions that lost
+        blocks to eviction, into free class-(a) blocks (call when idle). Returns blocks."""
+        if self.tier is None or not self.pool.free.demoted:
+            return 0
+        n = self.chains.restore(self.pool, self.tier, self.block_size)
+        self.prefetched_blocks += n
+        return n
 
     def fits(self, num_tokens: int, hits: Sequence[Block], reserved_blocks: int) -> bool:
         """True when `num_tokens` tokens fit with `hits` taken, beside `reserved_blocks` other
@@ -146,33 +196,6 @@ class KVCacheManager:
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
         need = self.blocks_needed(num_tokens) - len(hits)
         return need + reserved_blocks <= self.num_free_blocks - free_hits
-
-    def _load_from_tier(self, hashes: Sequence[int], token_ids: Sequence[int],
-                        hits: list[Block]) -> list[Block]:
-        """Continue the chain after `hits` in the tier: load each next block found there into
-        a free pool block and cache it. Returns the loaded blocks, left free (ref_cnt 0).
-
-        The pool's hits (and each loaded block) are referenced meanwhile, so allocating for
-        the next load cannot evict the prefix it extends. Stops at the first miss, a bad
-        file, or when no free pool block is left.
-        """
-        bs, loaded = self.block_size, []
-        self.pool.touch(hits)
-        try:
-            for i in range(len(hits), len(hashes)):
-                tokens = token_ids[i * bs:(i + 1) * bs]
-                if not self.pool.num_free_blocks or self.pool.cached.get(hashes[i]) is not None:
-                    break  # no room, or a same-hash block with other tokens owns the hash
-                claim = self.tier.claim(hashes[i], tokens)
-                if claim is None:
-                    break
-                (block,) = self.pool.allocate(1)
-                self.tier.finish(claim, block.block_id)
-                self.pool.cache(block, hashes[i], tokens)
-                loaded.append(block)
-        finally:
-            self.pool.release(list(reversed(hits + loaded)))
-        return loaded
 
     def estimate_hit_blocks(self, request_id: str, token_ids: Sequence[int], hint: int) -> int:
         """Leading full blocks of a waiting request whose hashes are cached: an estimate for
@@ -237,6 +260,7 @@ class KVCacheManager:
         num_full = min(num_computed // self.block_size, len(entry.blocks))
         if num_full <= entry.num_cached_blocks:
             return
+        entry.token_ids = token_ids
         hashes = self._hashes(request_id, token_ids[:num_full * self.block_size])
         bs = self.block_size
         for i in range(entry.num_cached_blocks, num_full):
@@ -257,9 +281,17 @@ class KVCacheManager:
         """Release blocks taken by `detach` (last first, so it is evicted first)."""
         self.pool.release(list(reversed(blocks)))
 
-    def free(self, request_id: str) -> None:
-        """Release every block of the request (last block first, so it is evicted first)."""
+    def free(self, request_id: str, final: bool = True) -> None:
+        """Release every block of the request (last block first, so it is evicted first),
+        into its session's free list if it has one. `final` (not a preemption): forget its
+        session binding, and end the session if this was its last turn."""
         entry = self.requests.pop(request_id, None)
-        if entry is None:
-            return
-        self.pool.release(list(reversed(entry.blocks)))
+        hint = self.hints.pop(request_id, None) if final else self.hints.get(request_id)
+        if entry is not None:
+            self.pool.release(list(reversed(entry.blocks)), hint)
+        if final and hint is not None:
+            if hint.end:
+                self.end_session(hint.session_id)
+            elif entry is not None and self.tier is not None:
+                self.chains.remember(hint, entry.hashes[:entry.num_cached_blocks],
+                                     entry.token_ids)

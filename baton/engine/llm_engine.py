@@ -36,6 +36,7 @@ from baton.models.decoder import DecoderModel
 from baton.models.registry import resolve_model
 from baton.outputs import StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
+from baton.session_hints import SessionHint
 
 logger = logging.getLogger(__name__)
 
@@ -107,14 +108,17 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> Request:
-        """Queue a request. Raises ValueError for a bad prompt or limits."""
-        req = self.new_request(request_id, prompt_token_ids, params)
+                    params: SamplingParams, session: SessionHint | None = None) -> Request:
+        """Queue a request; its prefix blocks in the KV tier start coming up into the pool
+        now (`KVCacheManager.prefetch`). `session`: its session hint (eviction order of its
+        blocks: free_lists.py). Raises ValueError for a bad prompt or limits."""
+        req = self.new_request(request_id, prompt_token_ids, params, session)
         self.scheduler.add(req)
+        self.kv.prefetch(request_id, req.all_token_ids)
         return req
 
     def new_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> Request:
+                    params: SamplingParams, session: SessionHint | None = None) -> Request:
         """Validate and track a request without queueing it (for role components: the
         caller hands it to the scheduler). Raises ValueError for a bad prompt or limits."""
         if request_id in self.requests:
@@ -131,7 +135,17 @@ class LLMEngine:
             req.grammar = self.grammars.matcher(params.structured_output)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         self.requests[request_id] = _Tracked(req, detok)
+        self.kv.bind_session(request_id, session)
         return req
+
+    def end_session(self, session_id: str) -> int:
+        """End a session's retention (its free blocks first to evict). Returns how many."""
+        return self.kv.end_session(session_id)
+
+    def restore_sessions(self) -> int:
+        """Idle work: reload from the KV tier what pinned sessions lost to eviction
+        (KVCacheManager.restore_sessions). Returns blocks loaded."""
+        return self.kv.restore_sessions()
 
     def abort_request(self, request_id: str) -> StepOutput | None:
         """Abort in any state; frees its blocks. Returns its final output, None if unknown."""

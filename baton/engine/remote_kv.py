@@ -29,6 +29,7 @@ from baton.engine.request import Request, RequestStatus
 from baton.engine.sampler import skip_draw
 from baton.outputs import StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
+from baton.session_hints import SessionHint
 
 if TYPE_CHECKING:
     from baton.engine.llm_engine import LLMEngine
@@ -66,7 +67,8 @@ class RemoteKV:
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
             min_remote_tokens: int = 0, *,
-            go_remote: Callable[[int, int], bool] | None = None
+            go_remote: Callable[[int, int], bool] | None = None,
+            session: SessionHint | None = None
             ) -> tuple[RemotePrefillPlan | None, Request]:
         """Admit a request whose prompt KV may come from a prefill worker.
 
@@ -76,11 +78,11 @@ class RemoteKV:
         called here because only here is the prefix hit known), or the pool cannot hold the
         whole prompt now, the request is queued for local prefill and the plan is None.
         Otherwise it waits for remote KV (never scheduled, never preempted) until `finish`
-        or `fail`. Raises ValueError like
+        or `fail`. `session`: as for `LLMEngine.add_request`. Raises ValueError like
         `LLMEngine.add_request`.
         """
         e, kv = self.engine, self.engine.kv
-        req = e.new_request(request_id, prompt_token_ids, params)
+        req = e.new_request(request_id, prompt_token_ids, params, session)
         hits, num_cached = kv.get_computed_blocks(request_id, req.prompt_token_ids)
         uncached = req.num_prompt_tokens - num_cached
         remote = uncached >= max(1, min_remote_tokens) if go_remote is None \

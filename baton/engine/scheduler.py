@@ -258,7 +258,7 @@ class Scheduler:
         return ScheduledRequest(req, n, self.kv.block_table(req.request_id))
 
     def _preempt(self, req: Request) -> None:
-        self.kv.free(req.request_id)
+        self.kv.free(req.request_id, final=False)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1

@@ -132,7 +132,10 @@ class AsyncEngine:
     # ---- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain_commands(block=not self.engine.has_unfinished_requests())
+            idle = not self.engine.has_unfinished_requests()
+            if idle:
+                self._restore_sessions()
+            self._drain_commands(block=idle)
             if self._stop.is_set() or not self.engine.has_unfinished_requests():
                 continue
             try:
@@ -143,6 +146,13 @@ class AsyncEngine:
                 outputs = self._fail_running(repr(exc))
             if outputs:
                 self._loop.call_soon_threadsafe(self.deliver, outputs)
+
+    def _restore_sessions(self) -> None:
+        """Idle: pinned sessions' demoted blocks back from the KV tier (cheap when none)."""
+        try:
+            self.engine.restore_sessions()
+        except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+            logger.exception("restoring session blocks failed")
 
     def _fail_running(self, error: str) -> list[StepOutput]:
         try:

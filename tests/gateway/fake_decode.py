@@ -48,6 +48,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
     stats_calls: int = 0
     metrics_port: int = 0  # reported in GetStats (WorkerStats.metrics_port)
     num_waiting_tokens: int = 0  # reported in GetStats: the queue SLO admission predicts from
+    ended_sessions: list[str] = field(default_factory=list)  # EndSession calls, in order
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -104,6 +105,10 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
 
     async def Abort(self, request, context):
         return common_pb2.AbortResponse(found=False)
+
+    async def EndSession(self, request, context):
+        self.ended_sessions.append(request.session_id)
+        return common_pb2.EndSessionResponse(num_blocks=3)
 
     async def GetStats(self, request, context):
         self.stats_calls += 1
@@ -180,6 +185,11 @@ class FakePrefill(prefill_pb2_grpc.PrefillServiceServicer):
     def __init__(self, load: float = 0.0, num_waiting_tokens: int = 0) -> None:
         self.load, self.num_waiting_tokens = load, num_waiting_tokens
         self.block_hashes: list[int] = []
+        self.ended_sessions: list[str] = []
+
+    async def EndSession(self, request, context):
+        self.ended_sessions.append(request.session_id)
+        return common_pb2.EndSessionResponse(num_blocks=2)
 
     async def GetStats(self, request, context):
         stats = common_pb2.WorkerStats(role=common_pb2.WORKER_ROLE_PREFILL, load=self.load,
