@@ -181,6 +181,8 @@ class Bench:
                 os.close(fd)
 
     def disk_nixl(self) -> None:
+        from baton.transfer.nixl import ucx_env_without_rdma
+        ucx_env_without_rdma()
         from nixl._api import nixl_agent, nixl_agent_config
 
         agent = nixl_agent(f"tier-bench-posix-{os.getpid()}",

@@ -51,7 +51,28 @@ TICK_S = 5e-4  # progress period while transfers are live (about 6% of a core)
 INLINE_BYTES = 4 << 20  # send() posts transfers up to this size in the caller's thread
 
 
+def ucx_env_without_rdma(environ=os.environ, sysfs: str = "/sys/class/infiniband") -> None:
+    """Keep UCX from loading its InfiniBand modules on a host with no RDMA device (sets
+    `UCX_MODULES=^ib` unless the caller set UCX_MODULES).
+
+    Why: the nixl wheels bundle their own libibverbs and libnl. Where the system has
+    libibverbs1 too (Mooncake Store needs it), UCX's ib module loads both copies of libnl
+    into one process, and libnl-route's exit-time destructor then segfaults
+    (`rtnl_tc_unregister`): every process that made a NIXL agent exits with 139. With no
+    RDMA device the ib transports have nothing to drive anyway; with one, nothing changes."""
+    if "UCX_MODULES" in environ:
+        return
+    try:
+        has_rdma = bool(os.listdir(sysfs))
+    except OSError:
+        has_rdma = False
+    if not has_rdma:
+        environ["UCX_MODULES"] = "^ib"
+
+
 def make_agent(role: str, name: str | None):
+    """A NIXL agent with the UCX backend and no progress thread (see the module docstring)."""
+    ucx_env_without_rdma()  # before UCX initialises: it reads its environment once
     from nixl._api import nixl_agent, nixl_agent_config  # heavy: only when NIXL is used
 
     name = name or f"baton-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

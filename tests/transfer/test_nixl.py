@@ -165,3 +165,32 @@ def test_cross_process_then_receiver_dies():
     finally:
         remote.stop()
         sender.close()
+
+
+def test_a_process_with_a_nixl_agent_exits_cleanly():
+    """The nixl wheels bundle libibverbs/libnl; with the system's libibverbs1 installed too
+    (Mooncake Store needs it) UCX's ib module used to load both libnl copies and the process
+    segfaulted at exit (rc 139, which fails a pytest run that passed). make_agent avoids it."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "UCX_MODULES"}
+    code = "from baton.transfer.nixl import make_agent; make_agent('exit-test', None)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_ucx_ib_modules_are_kept_off_only_without_an_rdma_device(tmp_path):
+    from baton.transfer.nixl import ucx_env_without_rdma
+    env: dict[str, str] = {}
+    ucx_env_without_rdma(env, sysfs=str(tmp_path / "absent"))
+    assert env == {"UCX_MODULES": "^ib"}
+    (tmp_path / "ib").mkdir()
+    (tmp_path / "ib" / "mlx5_0").mkdir()
+    env = {}
+    ucx_env_without_rdma(env, sysfs=str(tmp_path / "ib"))
+    assert env == {}                      # a real HCA: UCX loads its ib transports
+    env = {"UCX_MODULES": "all"}
+    ucx_env_without_rdma(env, sysfs=str(tmp_path / "absent"))
+    assert env == {"UCX_MODULES": "all"}  # the operator's choice wins
