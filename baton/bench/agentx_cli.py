@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from baton.bench.agentx import (
+    OFFLINE_VARS,
     HarnessFailed,
     HarnessMissing,
     HarnessRun,
@@ -84,16 +85,20 @@ class AgentxLevel:
     harness: HarnessSummary
 
 
-def prepare(args, counter: TokenCounter, out: Path) -> tuple[Path, list[Session], Path]:
-    """The harness binary, the workload's sessions, the converted trace folder.
+def prepare(args, counter: TokenCounter, out: Path, need_harness: bool = True
+            ) -> tuple[Path | None, list[Session], Path]:
+    """The harness binary (None when not needed), the workload's sessions, the converted trace
+    folder (out/agentx-trace).
 
     Raises SystemExit with the reason when the harness is absent or the workload does not
     convert (text traces), before any cluster is started.
     """
-    try:
-        binary = find_harness(args.agentx_bin, args.agentx_venv)
-    except HarnessMissing as exc:
-        raise SystemExit(f"[agentx] {exc}") from None
+    binary = None
+    if need_harness:
+        try:
+            binary = find_harness(args.agentx_bin, args.agentx_venv)
+        except HarnessMissing as exc:
+            raise SystemExit(f"[agentx] {exc}") from None
     if args.agentx_min_turns > 1:
         cut = args.max_sessions
         sessions = [s for s in load_workload(argparse.Namespace(**{**vars(args),
@@ -197,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton bench agentx", description=__doc__,
                                 formatter_class=HelpFormatter)
     p.add_argument("--url", help="a running gateway; without it a local cluster is started")
+    p.add_argument("--convert-only", action="store_true",
+                   help="write the AgentX trace folder under --output and print the harness "
+                        "command line; run nothing (no harness needed)")
     add_cluster_args(p)
     add_agentx_args(p)
     add_workload_args(p)
@@ -213,7 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     levels = parse_levels(args.concurrency)
     out = args.output or default_output_dir()
-    binary, sessions, trace_dir = prepare(args, counter_for(args), out)
+    binary, sessions, trace_dir = prepare(args, counter_for(args), out,
+                                          need_harness=not args.convert_only)
+    if args.convert_only:
+        run = HarnessRun(binary=Path("agentx"), url=args.url or "http://127.0.0.1:8000",
+                         model=args.model, tokenizer=tokenizer_folder(args.model, args.tokenizer),
+                         trace_dir=trace_dir.resolve(), artifact_dir=(out / "harness").resolve(),
+                         concurrency=levels[0], duration_s=args.duration, grace_s=args.grace,
+                         warmup_requests_per_lane=args.agentx_warmup_requests,
+                         seed=args.seed or 42, extra=tuple(args.agentx_arg))
+        unset = " ".join(f"-u {name}" for name in OFFLINE_VARS)
+        print(f"[agentx] run it with HF offline variables unset:\n  env {unset} "
+              + " ".join(run.argv()))
+        return 0
     info = describe(args.workload, sessions, [f"sent by the AgentX harness ({binary})"])
     start = machine()
     spec = None if args.url else cluster_spec(args)

@@ -209,3 +209,17 @@ def test_compare_agentx_driver_refuses_text_traces(tmp_path):
     with pytest.raises(SystemExit, match="block traces"):
         compare_main(["--driver", "agentx", "--urls", "a=http://127.0.0.1:9",
                       "--output", str(tmp_path / "o"), *args])
+
+
+def test_convert_only_needs_no_harness(tmp_path, capsys, monkeypatch):
+    from baton.bench.agentx_cli import main
+
+    monkeypatch.delenv("BATON_AGENTX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    args = _cli_args(tmp_path, tmp_path / "no-venv")[2:]
+    assert main(["--convert-only", "--output", str(tmp_path / "o"), *args]) == 0
+    assert len(list((tmp_path / "o" / "agentx-trace").glob("*.json"))) == 3
+    printed = capsys.readouterr().out
+    assert ("env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE -u HF_DATASETS_OFFLINE agentx "
+            "profile") in printed
+    assert "--unsafe-override" in printed
