@@ -223,3 +223,29 @@ def test_convert_only_needs_no_harness(tmp_path, capsys, monkeypatch):
     assert ("env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE -u HF_DATASETS_OFFLINE agentx "
             "profile") in printed
     assert "--unsafe-override" in printed
+
+
+@pytest.mark.slow
+def test_the_real_harness_against_the_fake_gateway(fake, tmp_path):
+    """Only where the harness is installed ($BATON_AGENTX or agentx on PATH; CI has none)."""
+    from baton.bench.agentx_cli import main
+
+    try:
+        venv = str(find_harness())
+    except HarnessMissing:
+        pytest.skip("AgentX harness not installed (BATON_AGENTX)")
+    from baton.bench.agentx import tokenizer_folder
+    try:
+        tok = tokenizer_folder("smollm2-135m")
+    except Exception as exc:  # noqa: BLE001 - no model folder here: nothing to test with
+        pytest.skip(f"no local tokenizer folder: {exc}")
+    _, url = fake
+    out = tmp_path / "real"
+    assert main(["--url", url, "--agentx-bin", venv, "--workload", "synthetic",
+                 "--synthetic-sessions", "4", "--block-tokens", "16", "--max-output-tokens", "8",
+                 "--tokenizer", str(tok), "--concurrency", "2", "--duration", "8",
+                 "--grace", "5", "--output", str(out), "--agentx-startup", "300"]) == 0
+    (level,) = json.loads((out / "report.json").read_text())["levels"]
+    assert level["harness"]["errors"] == 0 and level["harness"]["requests"] > 0
+    assert level["summary"]["measured"] == level["harness"]["requests"]
+    assert level["harness"]["ttft"]["p50"] == pytest.approx(level["summary"]["ttft"]["p50"])
