@@ -18,6 +18,9 @@ the server) to a gateway and never imports a service.
     plots.py      the PNG plots, titled with the run's configuration
     local.py      start/stop a local cluster (`baton up`) or the transformers baseline
     compare.py    `baton bench compare`: several configurations on one workload
+    agentx_cli.py `baton bench agentx` (and `compare --driver agentx`): the public AgentX
+                  harness sends the workload; agentx.py finds and runs it, agentx_trace.py
+                  converts sessions to its trace files, agentx_results.py reads its exports
     hf_baseline.py  a plain transformers server, one request at a time
     cli.py        argument parsing: `baton bench ...`
 """

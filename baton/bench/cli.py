@@ -4,6 +4,7 @@
     baton bench --url http://127.0.0.1:8000 --workload tau-bench --concurrency 1,2,4
     baton bench --workload mooncake --mode open --block-tokens 16 --time-scale 0.02
     baton bench compare [workload flags]             see compare.py
+    baton bench agentx [workload flags]              the AgentX harness sends it (agentx_cli.py)
 """
 from __future__ import annotations
 
@@ -97,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("--url", help="a running gateway; without it a local cluster is started")
     p.add_argument("--quick", action="store_true", help="small local run, under 3 minutes")
+    add_cluster_args(p)
+    add_workload_args(p)
+    add_run_args(p)
+    return p
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the local cluster started when no --url is given."""
     g = p.add_argument_group("local cluster (without --url)")
     g.add_argument("--cluster-mode", choices=("disaggregated", "colocated"),
                    default="disaggregated", help="the local cluster's `baton up --mode`")
@@ -106,9 +115,6 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--num-prefill", type=int, default=1, help="local cluster: prefill workers")
     g.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds the local cluster may take to become ready")
-    add_workload_args(p)
-    add_run_args(p)
-    return p
 
 
 def parse_levels(text: str) -> list[int]:
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "compare":
         from baton.bench.compare import main as compare_main
         return compare_main(argv[1:])
+    if argv and argv[0] == "agentx":
+        from baton.bench.agentx_cli import main as agentx_main
+        return agentx_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.quick:

@@ -29,6 +29,10 @@ a KV pull from the prefill worker's cache, so routing barely shows there.
 Ratios are improvement factors (> 1 = better than the reference): reference / value for
 latencies, value / reference for throughput. `--urls name=URL,...` compares servers that are
 already running instead of starting them.
+
+`--driver agentx` sends the workload with the public AgentX harness instead of Baton's client
+(agentx_cli.py: block traces only, converted once, one harness run per configuration); the
+harness's own numbers get a second table with their ratios (TTFT p50/p90, ITL p90).
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from baton.bench.agentx import HarnessFailed
+from baton.bench.agentx_cli import add_agentx_args, prepare, print_harness_compare, run_level
 from baton.bench.args import (
     HelpFormatter,
     add_run_args,
@@ -116,6 +122,7 @@ class Row:
     records: list[RequestRecord]
     server: dict | None
     answers: dict | None = None     # the server's GET /version and /v1/models (server_info)
+    harness: object | None = None   # agentx_results.HarnessSummary under --driver agentx
 
 
 def _run(url: str, args, sessions: list[Session], counter, salt: str, duration: float,
@@ -185,6 +192,9 @@ def _parser() -> argparse.ArgumentParser:
                         "a fraction of the live sessions' KV, so prefixes are evicted")
     p.add_argument("--tier-host-bytes", type=int, default=TIER_HOST_BYTES,
                    help="host-memory tier of the tiers configuration (bytes)")
+    p.add_argument("--driver", choices=("baton", "agentx"), default="baton",
+                   help="who sends the workload: Baton's client or the AgentX harness")
+    add_agentx_args(p)
     add_workload_args(p)
     add_run_args(p)
     return p
@@ -204,8 +214,12 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
             for n in names]
 
 
-def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tuple[dict, dict]:
-    """Run every target in turn; rows by name, and the configurations that failed to start."""
+def _measure(args, targets, sessions: list[Session], counter, out: Path,
+             harness: tuple | None = None) -> tuple[dict, dict]:
+    """Run every target in turn; rows by name, and the configurations that failed to start.
+
+    harness: (binary, trace folder) under --driver agentx (agentx_cli.prepare).
+    """
     slice_sessions = sessions[: args.baseline_sessions]
     need_slice = any(name == "hf" for name, _, _ in targets)
     rows: dict[str, Row] = {}
@@ -222,6 +236,13 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tupl
                                  args.startup_timeout)
                   if spec else contextlib.nullcontext(url)) as base:
                 print(f"[compare] {name} at {base}", flush=True)
+                if harness is not None:
+                    lv = run_level(harness[0], base, args, harness[1], out,
+                                   int(str(args.concurrency).split(",")[0]), name)
+                    rows[name] = Row(name, ref, lv.summary, lv.records,
+                                     spec.describe() if spec else None, probe_server(base),
+                                     lv.harness)
+                    continue
                 records, summary = _run(base, args, work, counter, f"{salt}-{name}", duration,
                                         warmup)
                 rows[name] = Row(name, ref, summary, records, spec.describe() if spec else None,
@@ -230,8 +251,8 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path) -> tupl
                     records, summary = _run(base, args, slice_sessions, counter,
                                             f"{salt}-slice", args.baseline_duration, 0.0)
                     rows[SLICE] = Row(f"{SLICE} ({name})", "hf", summary, records, None)
-        except ServerStartError as exc:
-            print(f"[compare] {name} failed to start: {exc}", flush=True)
+        except (ServerStartError, HarnessFailed) as exc:
+            print(f"[compare] {name} failed: {exc}", flush=True)
             failed[name] = str(exc)
     order = [n for n, _, _ in targets if n != "hf"] + [SLICE, "hf"]
     return {k: rows[k] for k in order if k in rows}, failed
@@ -241,9 +262,16 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     out = args.output or default_output_dir()
     counter = counter_for(args)
-    sessions = load_workload(args, counter)
+    harness = None
+    if args.driver == "agentx":
+        if "hf" in args.configs.split(",") and not args.urls:
+            raise SystemExit("--driver agentx compares Baton configurations; drop hf")
+        binary, sessions, trace_dir = prepare(args, counter, out)
+        harness = (binary, trace_dir)
+    else:
+        sessions = load_workload(args, counter)
     start = machine()
-    rows, failed = _measure(args, _targets(args), sessions, counter, out)
+    rows, failed = _measure(args, _targets(args), sessions, counter, out, harness)
     info = describe(args.workload, sessions)
     write_json(out / "report.json", {
         "version": REPORT_VERSION, "kind": "compare",
@@ -256,6 +284,7 @@ def main(argv: list[str]) -> int:
                   "answers": r.answers,
                   "ratios": dict(zip(("vs", "p90_ttft_x", "p99_itl_x", "tok_s_x"),
                                      ratio_cells(r, rows))),
+                  "harness": r.harness.to_dict() if r.harness else None,
                   "summary": r.summary.to_dict()} for r in rows.values()]})
     for key, r in rows.items():
         write_records(out / f"requests-{key}.jsonl", r.records)
@@ -266,6 +295,8 @@ def main(argv: list[str]) -> int:
     print_summary([r.name for r in rows.values()], [r.summary for r in rows.values()],
                   f"baton bench compare: {info.name}")
     print_table(rows, f"baton bench compare: {info.name}, {args.mode} loop")
+    if harness is not None:
+        print_harness_compare(rows, f"baton bench compare --driver agentx: {info.name}")
     print(f"[compare] wrote {out}/report.json")
     return 0 if not failed else 1
 

@@ -70,7 +70,7 @@ class FakeServer:
         return min(best // BLOCK * BLOCK, max(len(prompt) - 1, 0))
 
     async def stream(self, entry: Logged, chat: bool):
-        n = int(entry.body.get("max_tokens") or 16)
+        n = int(entry.body.get("max_tokens") or entry.body.get("max_completion_tokens") or 16)
         obj = "chat.completion.chunk" if chat else "text_completion"
         if chat:  # a role-only chunk first, as real servers send: not a token
             yield _sse({"object": obj, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
