@@ -74,6 +74,7 @@ class LLM:
                         comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
                         if idx == 0:
                             res.num_cached_tokens = out.num_cached_tokens
+                            res.cached_spans = out.cached_spans
         finally:  # left early (an error, Ctrl-C): nothing of this call stays in the engine
             for rid in pending:
                 self.engine.abort_request(rid)

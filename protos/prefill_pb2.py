@@ -26,17 +26,17 @@ from protos import common_pb2 as protos_dot_common__pb2
 from protos import transfer_pb2 as protos_dot_transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\x1a\x15protos/transfer.proto\"\x8e\x01\n\x10HandshakeRequest\x12%\n\tkv_layout\x18\x01 \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x13\n\x0blayout_hash\x18\x02 \x01(\x06\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12+\n\ntransports\x18\x04 \x03(\x0e\x32\x17.baton.v1.TransportKind\"\xc4\x01\n\x11HandshakeResponse\x12\x12\n\ncompatible\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12%\n\tkv_layout\x18\x03 \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x13\n\x0blayout_hash\x18\x04 \x01(\x06\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12+\n\ntransports\x18\x06 \x03(\x0e\x32\x17.baton.v1.TransportKind\x12\x10\n\x08kv_epoch\x18\x07 \x01(\x06\"\xab\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x1c\n\x14num_cached_on_decode\x18\x04 \x01(\r\x12\x15\n\rdst_block_ids\x18\x05 \x03(\r\x12\x13\n\x0btransfer_id\x18\x06 \x01(\t\x12,\n\x08\x65ndpoint\x18\x07 \x01(\x0b\x32\x1a.baton.v1.TransferEndpoint\x12\x15\n\rlease_seconds\x18\x08 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\t \x01(\x01\x12\x10\n\x08kv_epoch\x18\n \x01(\x06\"\xe9\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.baton.v1.PrefillStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x04 \x01(\x05\x12\x35\n\x14\x66irst_token_logprobs\x18\x05 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\r\x12\x1e\n\x16num_transferred_blocks\x18\x08 \x01(\r\x12\x19\n\x11transferred_bytes\x18\t \x01(\x04\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x0b \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x0c \x01(\x01\"*\n\x14ReleaseBlocksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\")\n\x15ReleaseBlocksResponse\x12\x10\n\x08released\x18\x01 \x01(\x08*|\n\rTransportKind\x12\x1e\n\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13TRANSPORT_KIND_NIXL\x10\x01\x12\x17\n\x13TRANSPORT_KIND_GRPC\x10\x02\x12\x19\n\x15TRANSPORT_KIND_INPROC\x10\x03*\x84\x02\n\rPrefillStatus\x12\x1e\n\x1aPREFILL_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11PREFILL_STATUS_OK\x10\x01\x12\x1a\n\x16PREFILL_STATUS_ABORTED\x10\x02\x12\"\n\x1ePREFILL_STATUS_TRANSFER_FAILED\x10\x03\x12\"\n\x1ePREFILL_STATUS_LAYOUT_MISMATCH\x10\x04\x12\x1a\n\x16PREFILL_STATUS_TIMEOUT\x10\x05\x12\x18\n\x14PREFILL_STATUS_ERROR\x10\x06\x12\"\n\x1ePREFILL_STATUS_STALE_HANDSHAKE\x10\x07\x32\xe0\x02\n\x0ePrefillService\x12\x44\n\tHandshake\x12\x1a.baton.v1.HandshakeRequest\x1a\x1b.baton.v1.HandshakeResponse\x12>\n\x07Prefill\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12P\n\rReleaseBlocks\x12\x1e.baton.v1.ReleaseBlocksRequest\x1a\x1f.baton.v1.ReleaseBlocksResponse\x12<\n\x08GetStats\x12\x19.baton.v1.GetStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\x1a\x15protos/transfer.proto\"\x8e\x01\n\x10HandshakeRequest\x12%\n\tkv_layout\x18\x01 \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x13\n\x0blayout_hash\x18\x02 \x01(\x06\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12+\n\ntransports\x18\x04 \x03(\x0e\x32\x17.baton.v1.TransportKind\"\xc4\x01\n\x11HandshakeResponse\x12\x12\n\ncompatible\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12%\n\tkv_layout\x18\x03 \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x13\n\x0blayout_hash\x18\x04 \x01(\x06\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12+\n\ntransports\x18\x06 \x03(\x0e\x32\x17.baton.v1.TransportKind\x12\x10\n\x08kv_epoch\x18\x07 \x01(\x06\"\xab\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x1c\n\x14num_cached_on_decode\x18\x04 \x01(\r\x12\x15\n\rdst_block_ids\x18\x05 \x03(\r\x12\x13\n\x0btransfer_id\x18\x06 \x01(\t\x12,\n\x08\x65ndpoint\x18\x07 \x01(\x0b\x32\x1a.baton.v1.TransferEndpoint\x12\x15\n\rlease_seconds\x18\x08 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\t \x01(\x01\x12\x10\n\x08kv_epoch\x18\n \x01(\x06\"\x97\x03\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.baton.v1.PrefillStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x04 \x01(\x05\x12\x35\n\x14\x66irst_token_logprobs\x18\x05 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\r\x12\x1e\n\x16num_transferred_blocks\x18\x08 \x01(\r\x12\x19\n\x11transferred_bytes\x18\t \x01(\x04\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x0b \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x0c \x01(\x01\x12,\n\x0c\x63\x61\x63hed_spans\x18\r \x03(\x0b\x32\x16.baton.v1.CachedTokens\"*\n\x14ReleaseBlocksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\")\n\x15ReleaseBlocksResponse\x12\x10\n\x08released\x18\x01 \x01(\x08*|\n\rTransportKind\x12\x1e\n\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13TRANSPORT_KIND_NIXL\x10\x01\x12\x17\n\x13TRANSPORT_KIND_GRPC\x10\x02\x12\x19\n\x15TRANSPORT_KIND_INPROC\x10\x03*\x84\x02\n\rPrefillStatus\x12\x1e\n\x1aPREFILL_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11PREFILL_STATUS_OK\x10\x01\x12\x1a\n\x16PREFILL_STATUS_ABORTED\x10\x02\x12\"\n\x1ePREFILL_STATUS_TRANSFER_FAILED\x10\x03\x12\"\n\x1ePREFILL_STATUS_LAYOUT_MISMATCH\x10\x04\x12\x1a\n\x16PREFILL_STATUS_TIMEOUT\x10\x05\x12\x18\n\x14PREFILL_STATUS_ERROR\x10\x06\x12\"\n\x1ePREFILL_STATUS_STALE_HANDSHAKE\x10\x07\x32\xe0\x02\n\x0ePrefillService\x12\x44\n\tHandshake\x12\x1a.baton.v1.HandshakeRequest\x1a\x1b.baton.v1.HandshakeResponse\x12>\n\x07Prefill\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12P\n\rReleaseBlocks\x12\x1e.baton.v1.ReleaseBlocksRequest\x1a\x1f.baton.v1.ReleaseBlocksResponse\x12<\n\x08GetStats\x12\x19.baton.v1.GetStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.prefill_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRANSPORTKIND']._serialized_start=1175
-  _globals['_TRANSPORTKIND']._serialized_end=1299
-  _globals['_PREFILLSTATUS']._serialized_start=1302
-  _globals['_PREFILLSTATUS']._serialized_end=1562
+  _globals['_TRANSPORTKIND']._serialized_start=1221
+  _globals['_TRANSPORTKIND']._serialized_end=1345
+  _globals['_PREFILLSTATUS']._serialized_start=1348
+  _globals['_PREFILLSTATUS']._serialized_end=1608
   _globals['_HANDSHAKEREQUEST']._serialized_start=79
   _globals['_HANDSHAKEREQUEST']._serialized_end=221
   _globals['_HANDSHAKERESPONSE']._serialized_start=224
@@ -44,11 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLREQUEST']._serialized_start=423
   _globals['_PREFILLREQUEST']._serialized_end=722
   _globals['_PREFILLRESPONSE']._serialized_start=725
-  _globals['_PREFILLRESPONSE']._serialized_end=1086
-  _globals['_RELEASEBLOCKSREQUEST']._serialized_start=1088
-  _globals['_RELEASEBLOCKSREQUEST']._serialized_end=1130
-  _globals['_RELEASEBLOCKSRESPONSE']._serialized_start=1132
-  _globals['_RELEASEBLOCKSRESPONSE']._serialized_end=1173
-  _globals['_PREFILLSERVICE']._serialized_start=1565
-  _globals['_PREFILLSERVICE']._serialized_end=1917
+  _globals['_PREFILLRESPONSE']._serialized_end=1132
+  _globals['_RELEASEBLOCKSREQUEST']._serialized_start=1134
+  _globals['_RELEASEBLOCKSREQUEST']._serialized_end=1176
+  _globals['_RELEASEBLOCKSRESPONSE']._serialized_start=1178
+  _globals['_RELEASEBLOCKSRESPONSE']._serialized_end=1219
+  _globals['_PREFILLSERVICE']._serialized_start=1611
+  _globals['_PREFILLSERVICE']._serialized_end=1963
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from baton.block_hash import BlockHashFn, hash_block, hash_block_tokens
 from baton.engine.block_pool import Block, BlockPool
+from baton.engine.kv_source import TIER_SOURCES, KVSource, Spans, spans_of
 from baton.engine.kv_tier import KVTier
 
 __all__ = ["Block", "BlockPool", "KVCacheManager"]
@@ -40,6 +41,7 @@ class _RequestBlocks:
     blocks: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    cached_spans: Spans = ()  # where its prefix hits came from (kv_source.py), at allocation
 
 
 class KVCacheManager:
@@ -63,6 +65,9 @@ class KVCacheManager:
         self.tier = tier if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, self.tier.offload if self.tier is not None else None)
         self.requests: dict[str, _RequestBlocks] = {}
+        # block id → the tier a free block was loaded from, until a request takes it as a
+        # hit (its cached tokens then count as that tier's) or the block is reallocated
+        self._loaded_from: dict[int, KVSource] = {}
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -94,6 +99,12 @@ class KVCacheManager:
     def cached_block_hashes(self) -> list[int]:
         """Hashes of every block in the prefix cache (used or free), for KV-aware routing."""
         return list(self.pool.cached)
+
+    def cached_spans(self, request_id: str) -> Spans:
+        """Where the prefix hits of the request's first allocation came from, in prompt
+        order (kv_source.py); () for an unknown request or one without hits."""
+        entry = self.requests.get(request_id)
+        return entry.cached_spans if entry is not None else ()
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -169,6 +180,7 @@ class KVCacheManager:
                 (block,) = self.pool.allocate(1)
                 self.tier.finish(claim, block.block_id)
                 self.pool.cache(block, hashes[i], tokens)
+                self._loaded_from[block.block_id] = TIER_SOURCES[claim.tier]
                 loaded.append(block)
         finally:
             self.pool.release(list(reversed(hits + loaded)))
@@ -225,7 +237,12 @@ class KVCacheManager:
             self.pool.touch(new_computed_blocks)
             entry.blocks.extend(new_computed_blocks)
             entry.num_cached_blocks = len(entry.blocks)
+            entry.cached_spans = spans_of(
+                (self._loaded_from.pop(b.block_id, KVSource.POOL) for b in new_computed_blocks),
+                self.block_size)
         new = self.pool.allocate(need)
+        for b in new:  # reused: whatever was loaded into it is gone
+            self._loaded_from.pop(b.block_id, None)
         entry.blocks.extend(new)
         return new
 

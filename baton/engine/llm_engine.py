@@ -247,4 +247,4 @@ class LLMEngine:
             finished=req.status.is_finished, finish_reason=req.status.finish_reason,
             stop_reason=req.stop_reason, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
-            num_cached_tokens=max(0, req.num_cached_tokens))
+            num_cached_tokens=max(0, req.num_cached_tokens), cached_spans=req.cached_spans)

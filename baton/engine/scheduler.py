@@ -65,6 +65,7 @@ class Scheduler:
         `num_cached_tokens` on: WAITING_FOR_REMOTE_KV until `remote_kv_ready`."""
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         request.num_computed_tokens = request.num_cached_tokens = num_cached_tokens
+        request.cached_spans = self.kv.cached_spans(request.request_id)
         self._count_prefix_query(request, num_cached_tokens)
         self.remote_waits[request.request_id] = request
 
@@ -199,6 +200,7 @@ class Scheduler:
         req.num_computed_tokens = num_computed
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed
+            req.cached_spans = self.kv.cached_spans(req.request_id)
             self._count_prefix_query(req, num_computed)
         if req.scheduled_time is None:
             req.scheduled_time = time.monotonic()
@@ -270,6 +272,7 @@ class Scheduler:
             return  # no lookup happened (vLLM records no prefix-cache stats then either)
         self.totals.prefix_cache_queries += req.num_tokens
         self.totals.prefix_cache_hits += num_hit_tokens
+        self.totals.count_cached_spans(req.cached_spans)
 
     def finish(self, req: Request, status: RequestStatus, free: bool = True) -> None:
         """End a request in any state: drop it from the queues and (if `free`) release its
