@@ -55,7 +55,8 @@ class Request:
     `num_computed_tokens` counts tokens of `all_token_ids` whose KV is in the cache;
     `num_cached_tokens` is how many of those came from a prefix-cache hit (or a remote
     prefill) when it was first scheduled, and `cached_spans` where in this engine they came
-    from (pool or a tier, in prompt order: kv_source.py). `max_tokens` is resolved by the engine (never None).
+    from (pool or a tier, in prompt order: kv_source.py). `max_tokens` is resolved by the
+    engine (never None).
     """
 
     request_id: str
