@@ -16,6 +16,7 @@ from baton.engine.kv_budget import (
     cluster_share,
     floor_blocks,
     mem_available_bytes,
+    read_mem_available,
     weight_bytes,
 )
 
@@ -27,6 +28,19 @@ def test_meminfo_is_parsed_in_bytes():
     assert mem_available_bytes(MEMINFO) == 1 << 30
     with pytest.raises(ValueError):
         mem_available_bytes("MemTotal: 5 kB\n")
+
+
+def test_a_cgroup_limit_bounds_what_is_free(tmp_path):
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    meminfo, cg = str(tmp_path / "meminfo"), tmp_path / "cg"
+    assert read_mem_available(meminfo, str(cg)) == 1 << 30  # no cgroup files
+    cg.mkdir()
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text(str(100 * MIB))
+    assert read_mem_available(meminfo, str(cg)) == 1 << 30
+    (cg / "memory.max").write_text(str(300 * MIB))
+    assert read_mem_available(meminfo, str(cg)) == 200 * MIB
+    assert read_mem_available(str(tmp_path / "none"), str(cg)) is None
 
 
 def test_fraction_floor_and_batch_bound():

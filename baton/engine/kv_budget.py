@@ -5,7 +5,8 @@ longest request, and a clear error when even that does not fit.
     explicit num_blocks             → that many blocks
     explicit kv_cache_memory_bytes  → bytes // bytes_per_block (max_model_len capped to fit)
     neither (the default):
-        free     = MemAvailable (/proc/meminfo), read after the model is loaded,
+        free     = MemAvailable (/proc/meminfo; within a cgroup v2 memory limit, at most
+                   limit − usage), read after the model is loaded,
                    less the host KV tier's bytes (allocated after the pool)
         floor    = ceil(max_model_len / block_size) blocks   (one longest request)
         budget   = kv_memory_fraction × free                  (default 0.5)
@@ -46,12 +47,21 @@ def mem_available_bytes(meminfo: str) -> int:
     raise ValueError("no MemAvailable line in meminfo")
 
 
-def read_mem_available(path: str = "/proc/meminfo") -> int | None:
-    """MemAvailable of this machine in bytes, or None where there is no /proc/meminfo."""
+def read_mem_available(path: str = "/proc/meminfo",
+                       cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Memory free to this process in bytes: MemAvailable, and inside a cgroup v2 memory
+    limit (a container: /proc/meminfo shows the host's) no more than limit − usage; None
+    where there is no /proc/meminfo."""
     try:
-        return mem_available_bytes(Path(path).read_text())
+        free = mem_available_bytes(Path(path).read_text())
     except (OSError, ValueError):
         return None
+    try:
+        limit = Path(cgroup, "memory.max").read_text().strip()
+        used = int(Path(cgroup, "memory.current").read_text())
+    except (OSError, ValueError):
+        return free
+    return free if limit == "max" else max(0, min(free, int(limit) - used))
 
 
 def floor_blocks(max_model_len: int, block_size: int) -> int:
