@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from baton.config import SchedulerConfig
 from baton.engine.kv_cache import Block, KVCacheManager
+from baton.engine.kv_source import take
 from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
 from baton.engine.schedule_policy import shortest_first
@@ -202,6 +203,9 @@ class Scheduler:
             req.num_cached_tokens = num_computed
             req.cached_spans = self.kv.cached_spans(req.request_id)
             self._count_prefix_query(req, num_computed)
+        elif num_computed < req.num_cached_tokens:  # back from preemption, a shorter hit:
+            req.num_cached_tokens = num_computed    # only tokens never computed count
+            req.cached_spans = take(req.cached_spans, num_computed)
         if req.scheduled_time is None:
             req.scheduled_time = time.monotonic()
         req.status = RequestStatus.RUNNING
