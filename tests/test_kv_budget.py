@@ -98,3 +98,20 @@ def test_baton_up_splits_one_budget_over_its_workers(tiny_llama):
     with pytest.raises(KVBudgetError, match="--num-blocks"):
         kv_bytes_per_worker(a.__class__(**{**vars(a), "kv_cache_memory_bytes": None}),
                             tiny_llama, 3 * weights + 3 * 64 * 8192 - 1)
+
+
+def test_a_worker_whose_pool_cannot_fit_exits_with_the_message(tiny_llama, monkeypatch, capsys):
+    import asyncio
+
+    from baton.config import EngineConfig
+    from baton.worker.flags import RoleConfig
+    from baton.worker.process import StartFailed
+    from baton.worker.start import start_worker
+
+    monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 100 << 10)
+    config = RoleConfig(engine=EngineConfig(model=str(tiny_llama)))
+    with pytest.raises(StartFailed):
+        asyncio.run(start_worker("decode", "baton.v1.DecodeService", config,
+                                 lambda rt: pytest.fail("built a worker without a pool")))
+    err = capsys.readouterr().err
+    assert err.startswith("decode worker: the KV pool does not fit") and "--num-blocks" in err
