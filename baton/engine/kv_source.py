@@ -10,8 +10,10 @@ token (decode keeps its own spans for the prefix it held and the prefill worker'
     take(spans, 40) = ((POOL, 32), (HOST_TIER, 8))
     skip(spans, 40) = ((HOST_TIER, 24), (DISK_TIER, 16))
 
-A new place KV can come from (a shared store) is one more member here and one more value in
-protos/common.proto's KVSource.
+A new place KV can come from (a shared store) is one more member here, its value naming the
+proto's (STORE = "store" ↔ KV_SOURCE_STORE), and that value in protos/common.proto's
+KVSource; the wire (baton/worker/wire.py), the gateway's `baton_cached_by` keys and the
+metrics' `source` labels follow from the names.
 """
 from __future__ import annotations
 

@@ -29,14 +29,15 @@ FINISH_REASONS = {
     "error": common_pb2.FINISH_REASON_ERROR,
 }
 _U64 = 1 << 64
-_TIER_SOURCES = {KVSource.HOST_TIER: common_pb2.KV_SOURCE_HOST_TIER,
-                 KVSource.DISK_TIER: common_pb2.KV_SOURCE_DISK_TIER}
+# by name: KVSource.HOST_TIER ("host_tier") → KV_SOURCE_HOST_TIER; POOL is the role's own
+_SOURCES = {s: common_pb2.KVSource.Value(f"KV_SOURCE_{s.value.upper()}")
+            for s in KVSource if s is not KVSource.POOL}
 
 
 def wire_spans(spans: Spans, pool: int) -> tuple[tuple[int, int], ...]:
     """An engine's spans with common_pb2.KVSource values: its pool becomes `pool`
     (KV_SOURCE_DECODE_POOL or KV_SOURCE_PREFILL_POOL, the role's), tiers their own."""
-    return tuple((pool if s is KVSource.POOL else _TIER_SOURCES[s], n) for s, n in spans)
+    return tuple((pool if s is KVSource.POOL else _SOURCES[s], n) for s, n in spans)
 
 
 def source_label(source: int) -> str:
