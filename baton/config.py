@@ -37,6 +37,9 @@ class CacheConfig:
 
     block_size: tokens per KV block. kv_cache_memory_bytes: budget for the whole cache in bytes
     (num_blocks = budget // bytes_per_block) unless num_blocks is given (tests use tiny pools).
+    Neither given: kv_memory_fraction of the memory free after the model is loaded, at least
+    one max_model_len request, an error when that does not fit (engine/kv_budget.py);
+    kv_pool_for_batch (the offline LLM) bounds that by max_num_seqs such requests.
     enable_prefix_caching: reuse full blocks whose chained hash and tokens match.
     kv_host_tier_bytes: host-memory tier below the pool for the blocks it evicts (0 = off).
     kv_disk_tier_dir / kv_disk_tier_bytes: disk tier below that (files in a fresh folder
@@ -44,8 +47,10 @@ class CacheConfig:
     """
 
     block_size: int = 16
-    kv_cache_memory_bytes: int = 2 << 30
+    kv_cache_memory_bytes: int | None = None
     num_blocks: int | None = None
+    kv_memory_fraction: float = 0.5
+    kv_pool_for_batch: bool = False
     enable_prefix_caching: bool = True
     kv_host_tier_bytes: int = 0
     kv_disk_tier_dir: str | None = None
@@ -61,8 +66,11 @@ class CacheConfig:
             raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ValueError(f"num_blocks must be ≥ 2, got {self.num_blocks}")
-        if self.kv_cache_memory_bytes <= 0:
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got "
+                             f"{self.kv_memory_fraction}")
         if self.kv_host_tier_bytes < 0 or self.kv_disk_tier_bytes <= 0:
             raise ValueError("kv_host_tier_bytes must be ≥ 0 and kv_disk_tier_bytes > 0")
 

@@ -16,9 +16,13 @@ Prompt = str | Sequence[int]
 class LLM:
     """Runs prompts to completion on one in-process engine.
 
+    Its KV pool, unless num_blocks or kv_cache_memory_bytes says otherwise, holds
+    max_num_seqs requests of max_model_len tokens, within kv_memory_fraction of the memory
+    free after the model loads (baton/engine/kv_budget.py).
+
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
-    num_blocks, kv_cache_memory_bytes, enable_prefix_caching, kv_host_tier_bytes,
-    kv_disk_tier_dir, kv_disk_tier_bytes) or SchedulerConfig
+    num_blocks, kv_cache_memory_bytes, kv_memory_fraction, enable_prefix_caching,
+    kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes) or SchedulerConfig
     (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_bypass_s).
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """
@@ -30,9 +34,10 @@ class LLM:
         unknown = set(kwargs) - set(cache_keys) - set(sched_keys) - engine_keys
         if unknown:
             raise TypeError(f"unknown LLM arguments: {sorted(unknown)}")
+        cache = {"kv_pool_for_batch": True,  # a pool for max_num_seqs requests, no more
+                 **{k: v for k, v in kwargs.items() if k in cache_keys}}
         config = EngineConfig(
-            model=model, dtype=dtype,
-            cache=CacheConfig(**{k: v for k, v in kwargs.items() if k in cache_keys}),
+            model=model, dtype=dtype, cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_keys}),
             **{k: v for k, v in kwargs.items() if k in engine_keys},
         )
@@ -74,6 +79,7 @@ class LLM:
                         comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
                         if idx == 0:
                             res.num_cached_tokens = out.num_cached_tokens
+                            res.cached_spans = out.cached_spans
         finally:  # left early (an error, Ctrl-C): nothing of this call stays in the engine
             for rid in pending:
                 self.engine.abort_request(rid)

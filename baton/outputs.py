@@ -22,6 +22,8 @@ class StepOutput:
     new_token_ids: tokens sampled this step (0 or 1 per step today); text_delta: text now safe
     to stream; finish_reason: None while running, else "stop" | "length" | "abort" | "error";
     stop_reason: the stop string or stop token id that ended it, if any.
+    cached_spans: where its num_cached_tokens came from in this engine, in prompt order
+    ((KVSource, num_tokens) pairs: baton/engine/kv_source.py).
     """
 
     request_id: str
@@ -35,6 +37,7 @@ class StepOutput:
     num_output_tokens: int
     num_cached_tokens: int
     error: str | None = None
+    cached_spans: tuple = ()
 
 
 @dataclass
@@ -60,6 +63,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int
     finished: bool = True
+    cached_spans: tuple = ()  # where num_cached_tokens came from (StepOutput.cached_spans)
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from baton.worker.session_metrics import SessionKVCollector
 from baton.worker.tier_metrics import KVTierCollector
+from baton.worker.wire import source_label
+from decode_service.usage import PromptUsage
 from baton.worker.vllm_metrics import VllmEngineCollector, vllm_latency_histograms
 
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -60,7 +62,21 @@ class DecodeMetrics:
                                     registry=r)
         self.pd_rates = Gauge("baton_decode_pd_learned_rate", "The P/D decider's learned "
                               "rates (EWMA)", ["kind"], registry=r)
+        self.cached_prompt_tokens = Counter(
+            "baton_decode_cached_prompt_tokens", "Prompt tokens not computed for a request, "
+            "by where they came from (decode_pool, prefill_pool, host_tier, disk_tier)",
+            ["source"], registry=r)
+        self.recomputed_held_tokens = Counter(
+            "baton_decode_recomputed_held_tokens", "Prompt tokens a prefill worker computed "
+            "although this decode worker held them (its prefix hit beyond prefill's)",
+            registry=r)
         self.vllm_ttft, self.vllm_itl = vllm_latency_histograms(r, model_name)
+
+    def count_usage(self, usage: PromptUsage) -> None:
+        """One request's prompt usage (decode_service/usage.py) into the counters."""
+        for source, n in usage.cached_by.items():
+            self.cached_prompt_tokens.labels(source_label(source)).inc(n)
+        self.recomputed_held_tokens.inc(usage.recomputed_held_tokens)
 
     def observe_first_token(self, seconds: float) -> None:
         """Time from arrival to a request's first token (Baton's and vLLM's histogram)."""

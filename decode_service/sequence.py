@@ -49,6 +49,7 @@ from decode_service.context import DecodeContext
 from decode_service.peers import PrefillPeer
 from decode_service.quarantine import Quarantine
 from decode_service.remote_prefill import RemoteOutcome, RemotePrefill, RemoteResult
+from decode_service.usage import PromptUsage, prompt_usage
 from protos import prefill_pb2
 
 log = logging.getLogger(__name__)
@@ -284,10 +285,12 @@ class DecodeSequence:
         return max(0, req.num_cached_tokens) if req is not None else 0
 
     @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens nobody computed for this sequence: the prefill worker's prefix hit
-        when it prefilled remotely, else this worker's own hit."""
-        if self.remote is not None and self.remote.ok:
-            return self.remote.response.num_cached_tokens
-        return self.decode_cached_tokens
+    def usage(self) -> PromptUsage:
+        """Prompt tokens nobody computed for this sequence (the prefill worker's prefix hit
+        when it prefilled remotely, else this worker's own hit), by source, and those
+        computed although this worker held them (decode_service/usage.py)."""
+        req = self.engine_request
+        spans = req.cached_spans if req is not None else ()
+        remote = self.remote.response if self.remote is not None and self.remote.ok else None
+        return prompt_usage(spans, remote)
 

@@ -8,7 +8,9 @@
 Usage: prompt_tokens = len(prompt); completion_tokens = sum over sequences;
 cached_tokens = prompt tokens nobody computed for sequence 0: the prefill worker's own
 prefix hit when it prefilled remotely (it computes whatever it lacks, even blocks this worker
-holds; those are simply not transferred), else this worker's prefix hit.
+holds; those are simply not transferred), else this worker's prefix hit; cached_by splits
+it by source and recomputed_held_tokens counts what prefill computed although this worker
+held it (decode_service/usage.py). Both go to the metrics too.
 """
 from __future__ import annotations
 
@@ -70,11 +72,11 @@ class ResponseBuilder:
 
     def finish(self) -> Iterator[decode_pb2.GenerateResponse]:
         job = self.job
-        usage = common_pb2.Usage(
-            prompt_tokens=len(job.prompt),
-            completion_tokens=sum(o.num_output_tokens for o in self.finals.values()),
-            cached_tokens=job.sequences[0].cached_tokens)
+        split = job.sequences[0].usage
+        usage = split.to_proto(len(job.prompt),
+                               sum(o.num_output_tokens for o in self.finals.values()))
         self.metrics.cache_hit_tokens.inc(job.sequences[0].decode_cached_tokens)
+        self.metrics.count_usage(split)
         timings = self._timings()
         for index in sorted(self.finals):
             out = self.finals[index]

@@ -240,6 +240,7 @@ class Dispatcher:
             usage = msg.finished.usage
             self.metrics.prompt_tokens.inc(usage.prompt_tokens)
             self.metrics.cached_tokens.inc(usage.cached_tokens)
+            self.metrics.count_cached_by(usage)
             self.metrics.completion_tokens.inc(usage.completion_tokens)
             if ticket is not None:
                 self.admission.observe(ticket, msg.finished.timings.remote_prefill,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from protos import common_pb2
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0, 120.0, 300.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -40,6 +42,13 @@ class GatewayMetrics:
                                      registry=r)
         self.cached_tokens = Counter("baton_gateway_cached_prompt_tokens",
                                      "Prompt tokens served from a prefix cache", registry=r)
+        self.cached_by = Counter("baton_gateway_cached_prompt_tokens_by_source",
+                                 "Prompt tokens not computed, by where they came from "
+                                 "(decode_pool, prefill_pool, host_tier, disk_tier)",
+                                 ["source"], registry=r)
+        self.recomputed_held = Counter("baton_gateway_recomputed_held_tokens",
+                                       "Prompt tokens computed although a worker held them",
+                                       registry=r)
         self.completion_tokens = Counter("baton_gateway_completion_tokens",
                                          "Generated tokens", registry=r)
         self.slo_rejections = Counter("baton_gateway_slo_rejections",
@@ -47,6 +56,13 @@ class GatewayMetrics:
                                       "predicted TTFT exceeded --slo-ttft-ms", registry=r)
         self.disconnects = Counter("baton_gateway_client_disconnects",
                                    "Requests aborted because the client went away", registry=r)
+
+    def count_cached_by(self, usage) -> None:
+        """A finished request's Usage split (common_pb2.Usage.cached_by) into the counters."""
+        for c in usage.cached_by:
+            name = common_pb2.KVSource.Name(c.source).removeprefix("KV_SOURCE_").lower()
+            self.cached_by.labels(name).inc(c.num_tokens)
+        self.recomputed_held.inc(usage.recomputed_held_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

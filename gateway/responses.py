@@ -80,15 +80,31 @@ def finished_error(f) -> GatewayError | None:
                         code="worker_error")
 
 
+SOURCES = {v: common_pb2.KVSource.Name(v).removeprefix("KV_SOURCE_").lower()
+           for v in common_pb2.KVSource.values() if v}  # 1 → "decode_pool", ...
+
+
 def usage_dict(spec: OutputSpec, usages: dict[int, common_pb2.Usage], counted: int) -> dict:
     """OpenAI usage summed over the prompts' latest `usages` (prompt index → Usage); counts
-    the workers left at 0 fall back to the gateway's own (prompt lengths, tokens relayed)."""
+    the workers left at 0 fall back to the gateway's own (prompt lengths, tokens relayed).
+
+    Baton's extension inside prompt_tokens_details: `baton_cached_by` (cached_tokens by
+    source: decode_pool, prefill_pool, host_tier, disk_tier; they sum to cached_tokens)
+    and `baton_recomputed_held_tokens` (prompt tokens computed although a worker held them).
+    """
     prompt = sum(u.prompt_tokens for u in usages.values()) or spec.prompt_len
     completion = sum(u.completion_tokens for u in usages.values()) or counted
+    by = dict.fromkeys(SOURCES.values(), 0)
+    for u in usages.values():
+        for c in u.cached_by:
+            if c.source in SOURCES:
+                by[SOURCES[c.source]] += c.num_tokens
+    details = {"cached_tokens": sum(u.cached_tokens for u in usages.values()),
+               "baton_cached_by": by,
+               "baton_recomputed_held_tokens": sum(u.recomputed_held_tokens
+                                                   for u in usages.values())}
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens
-                                                           for u in usages.values())}}
+            "total_tokens": prompt + completion, "prompt_tokens_details": details}
 
 
 def logprobs_dict(spec: OutputSpec, lps, token_text: TokenText, offset: int = 0) -> dict:

@@ -39,12 +39,12 @@ from baton.worker.async_engine import AsyncEngine
 from baton.worker.process import Rejected
 from baton.worker.validate import check_request
 from baton.transfer import KVLayoutError, KVSender, TransferState
-from baton.worker.wire import logprob_to_proto, sampling_params_from_proto
+from baton.worker.wire import cached_spans_to_proto, logprob_to_proto, sampling_params_from_proto
 from prefill_service.config import PrefillConfig
 from prefill_service.lease import Leases
 from prefill_service.metrics import PrefillMetrics
 from prefill_service.sequence import PrefillEnded, PrefillSequence, PrefillState
-from protos import prefill_pb2
+from protos import common_pb2, prefill_pb2
 
 log = logging.getLogger(__name__)
 S = prefill_pb2
@@ -245,6 +245,8 @@ class PrefillWorker:
         resp = self._reply(seq.request, S.PREFILL_STATUS_OK, "",
                            first_token_id=out.new_token_ids[0],
                            num_cached_tokens=out.num_cached_tokens,
+                           cached_spans=cached_spans_to_proto(
+                               out.cached_spans, common_pb2.KV_SOURCE_PREFILL_POOL),
                            num_computed_tokens=out.num_prompt_tokens - out.num_cached_tokens,
                            num_transferred_blocks=sent,
                            transferred_bytes=sent * self.sender.block_bytes,

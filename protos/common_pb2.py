@@ -24,21 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x08\x62\x61ton.v1\"\xa2\x04\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x08 \x01(\r\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x02\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0e \x01(\x08H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0f \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x10 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x11 \x01(\x02\x12\'\n\nlogit_bias\x18\x12 \x03(\x0b\x32\x13.baton.v1.TokenBias\x12\x35\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1a.baton.v1.StructuredOutputB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokens\"u\n\x10StructuredOutput\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.baton.v1.StructuredOutputKind\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0e\n\x06prefix\x18\x03 \x01(\t\x12\x0e\n\x06suffix\x18\x04 \x01(\t\"+\n\tTokenBias\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\"\xa6\x01\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.baton.v1.KVDType\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x11\n\thead_size\x18\x06 \x01(\r\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"c\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12!\n\x03top\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"P\n\x0fGetStatsRequest\x12\x1c\n\x14include_block_hashes\x18\x01 \x01(\x08J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04R\x08kv_epochR\tsince_seq\")\n\x11\x42lockHashSnapshot\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\"\x92\x03\n\x0bWorkerStats\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x1a\n\x12num_waiting_tokens\x18\x05 \x01(\x04\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x08 \x01(\r\x12\x0c\n\x04load\x18\t \x01(\x02\x12%\n\tkv_layout\x18\n \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x10\n\x08kv_epoch\x18\x0b \x01(\x06\x12-\n\x08snapshot\x18\r \x01(\x0b\x32\x1b.baton.v1.BlockHashSnapshot\x12\x11\n\tnum_steps\x18\x0f \x01(\x04\x12\x14\n\x0cmetrics_port\x18\x10 \x01(\rJ\x04\x08\x0c\x10\rJ\x04\x08\x0e\x10\x0fR\x06kv_seqR\x05\x64\x65lta\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"0\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x06\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x12\x45ndSessionResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r*\x8e\x01\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x02*f\n\x07KVDType\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*Z\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x08\x62\x61ton.v1\"\xa2\x04\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x08 \x01(\r\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x02\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0e \x01(\x08H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0f \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x10 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x11 \x01(\x02\x12\'\n\nlogit_bias\x18\x12 \x03(\x0b\x32\x13.baton.v1.TokenBias\x12\x35\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1a.baton.v1.StructuredOutputB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokens\"u\n\x10StructuredOutput\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.baton.v1.StructuredOutputKind\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0e\n\x06prefix\x18\x03 \x01(\t\x12\x0e\n\x06suffix\x18\x04 \x01(\t\"+\n\tTokenBias\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\"\xa6\x01\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.baton.v1.KVDType\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x11\n\thead_size\x18\x06 \x01(\r\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\"F\n\x0c\x43\x61\x63hedTokens\x12\"\n\x06source\x18\x01 \x01(\x0e\x32\x12.baton.v1.KVSource\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\x9b\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12)\n\tcached_by\x18\x04 \x03(\x0b\x32\x16.baton.v1.CachedTokens\x12\x1e\n\x16recomputed_held_tokens\x18\x05 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"c\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12!\n\x03top\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"P\n\x0fGetStatsRequest\x12\x1c\n\x14include_block_hashes\x18\x01 \x01(\x08J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04R\x08kv_epochR\tsince_seq\")\n\x11\x42lockHashSnapshot\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\"\x92\x03\n\x0bWorkerStats\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.baton.v1.WorkerRole\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x1a\n\x12num_waiting_tokens\x18\x05 \x01(\x04\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x08 \x01(\r\x12\x0c\n\x04load\x18\t \x01(\x02\x12%\n\tkv_layout\x18\n \x01(\x0b\x32\x12.baton.v1.KVLayout\x12\x10\n\x08kv_epoch\x18\x0b \x01(\x06\x12-\n\x08snapshot\x18\r \x01(\x0b\x32\x1b.baton.v1.BlockHashSnapshot\x12\x11\n\tnum_steps\x18\x0f \x01(\x04\x12\x14\n\x0cmetrics_port\x18\x10 \x01(\rJ\x04\x08\x0c\x10\rJ\x04\x08\x0e\x10\x0fR\x06kv_seqR\x05\x64\x65lta\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"0\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x10\n\x08kv_epoch\x18\x02 \x01(\x06\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x12\x45ndSessionResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r*\x8e\x01\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x02*f\n\x07KVDType\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\x8e\x01\n\x08KVSource\x12\x19\n\x15KV_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15KV_SOURCE_DECODE_POOL\x10\x01\x12\x1a\n\x16KV_SOURCE_PREFILL_POOL\x10\x02\x12\x17\n\x13KV_SOURCE_HOST_TIER\x10\x03\x12\x17\n\x13KV_SOURCE_DISK_TIER\x10\x04*Z\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=1847
-  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=1989
-  _globals['_KVDTYPE']._serialized_start=1991
-  _globals['_KVDTYPE']._serialized_end=2093
-  _globals['_FINISHREASON']._serialized_start=2096
-  _globals['_FINISHREASON']._serialized_end=2241
-  _globals['_WORKERROLE']._serialized_start=2243
-  _globals['_WORKERROLE']._serialized_end=2333
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=1995
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=2137
+  _globals['_KVDTYPE']._serialized_start=2139
+  _globals['_KVDTYPE']._serialized_end=2241
+  _globals['_FINISHREASON']._serialized_start=2244
+  _globals['_FINISHREASON']._serialized_end=2389
+  _globals['_KVSOURCE']._serialized_start=2392
+  _globals['_KVSOURCE']._serialized_end=2534
+  _globals['_WORKERROLE']._serialized_start=2536
+  _globals['_WORKERROLE']._serialized_end=2626
   _globals['_SAMPLINGPARAMS']._serialized_start=34
   _globals['_SAMPLINGPARAMS']._serialized_end=580
   _globals['_STRUCTUREDOUTPUT']._serialized_start=582
@@ -47,24 +49,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENBIAS']._serialized_end=744
   _globals['_KVLAYOUT']._serialized_start=747
   _globals['_KVLAYOUT']._serialized_end=913
-  _globals['_USAGE']._serialized_start=915
-  _globals['_USAGE']._serialized_end=995
-  _globals['_TOPLOGPROB']._serialized_start=997
-  _globals['_TOPLOGPROB']._serialized_end=1044
-  _globals['_TOKENLOGPROBS']._serialized_start=1046
-  _globals['_TOKENLOGPROBS']._serialized_end=1145
-  _globals['_GETSTATSREQUEST']._serialized_start=1147
-  _globals['_GETSTATSREQUEST']._serialized_end=1227
-  _globals['_BLOCKHASHSNAPSHOT']._serialized_start=1229
-  _globals['_BLOCKHASHSNAPSHOT']._serialized_end=1270
-  _globals['_WORKERSTATS']._serialized_start=1273
-  _globals['_WORKERSTATS']._serialized_end=1675
-  _globals['_ABORTREQUEST']._serialized_start=1677
-  _globals['_ABORTREQUEST']._serialized_end=1711
-  _globals['_ABORTRESPONSE']._serialized_start=1713
-  _globals['_ABORTRESPONSE']._serialized_end=1761
-  _globals['_ENDSESSIONREQUEST']._serialized_start=1763
-  _globals['_ENDSESSIONREQUEST']._serialized_end=1802
-  _globals['_ENDSESSIONRESPONSE']._serialized_start=1804
-  _globals['_ENDSESSIONRESPONSE']._serialized_end=1844
+  _globals['_CACHEDTOKENS']._serialized_start=915
+  _globals['_CACHEDTOKENS']._serialized_end=985
+  _globals['_USAGE']._serialized_start=988
+  _globals['_USAGE']._serialized_end=1143
+  _globals['_TOPLOGPROB']._serialized_start=1145
+  _globals['_TOPLOGPROB']._serialized_end=1192
+  _globals['_TOKENLOGPROBS']._serialized_start=1194
+  _globals['_TOKENLOGPROBS']._serialized_end=1293
+  _globals['_GETSTATSREQUEST']._serialized_start=1295
+  _globals['_GETSTATSREQUEST']._serialized_end=1375
+  _globals['_BLOCKHASHSNAPSHOT']._serialized_start=1377
+  _globals['_BLOCKHASHSNAPSHOT']._serialized_end=1418
+  _globals['_WORKERSTATS']._serialized_start=1421
+  _globals['_WORKERSTATS']._serialized_end=1823
+  _globals['_ABORTREQUEST']._serialized_start=1825
+  _globals['_ABORTREQUEST']._serialized_end=1859
+  _globals['_ABORTRESPONSE']._serialized_start=1861
+  _globals['_ABORTRESPONSE']._serialized_end=1909
+  _globals['_ENDSESSIONREQUEST']._serialized_start=1911
+  _globals['_ENDSESSIONREQUEST']._serialized_end=1950
+  _globals['_ENDSESSIONRESPONSE']._serialized_start=1952
+  _globals['_ENDSESSIONRESPONSE']._serialized_end=1992
 # @@protoc_insertion_point(module_scope)

@@ -28,6 +28,14 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
 
+class KVSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_SOURCE_UNSPECIFIED: _ClassVar[KVSource]
+    KV_SOURCE_DECODE_POOL: _ClassVar[KVSource]
+    KV_SOURCE_PREFILL_POOL: _ClassVar[KVSource]
+    KV_SOURCE_HOST_TIER: _ClassVar[KVSource]
+    KV_SOURCE_DISK_TIER: _ClassVar[KVSource]
+
 class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WORKER_ROLE_UNSPECIFIED: _ClassVar[WorkerRole]
@@ -45,6 +53,11 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+KV_SOURCE_UNSPECIFIED: KVSource
+KV_SOURCE_DECODE_POOL: KVSource
+KV_SOURCE_PREFILL_POOL: KVSource
+KV_SOURCE_HOST_TIER: KVSource
+KV_SOURCE_DISK_TIER: KVSource
 WORKER_ROLE_UNSPECIFIED: WorkerRole
 WORKER_ROLE_PREFILL: WorkerRole
 WORKER_ROLE_DECODE: WorkerRole
@@ -129,15 +142,27 @@ class KVLayout(_message.Message):
     protocol_version: int
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[_Union[KVDType, str]] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_size: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
+class CachedTokens(_message.Message):
+    __slots__ = ("source", "num_tokens")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    source: KVSource
+    num_tokens: int
+    def __init__(self, source: _Optional[_Union[KVSource, str]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_by", "recomputed_held_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BY_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    cached_by: _containers.RepeatedCompositeFieldContainer[CachedTokens]
+    recomputed_held_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., cached_by: _Optional[_Iterable[_Union[CachedTokens, _Mapping]]] = ..., recomputed_held_tokens: _Optional[int] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

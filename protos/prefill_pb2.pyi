@@ -100,7 +100,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ..., session_id: _Optional[str] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds")
+    __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds", "cached_spans")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class PrefillResponse(_message.Message):
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_SPANS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     status: PrefillStatus
     error: str
@@ -125,7 +126,8 @@ class PrefillResponse(_message.Message):
     queue_seconds: float
     compute_seconds: float
     transfer_seconds: float
-    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[PrefillStatus, str]] = ..., error: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_token_logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_transferred_blocks: _Optional[int] = ..., transferred_bytes: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ...) -> None: ...
+    cached_spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedTokens]
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[PrefillStatus, str]] = ..., error: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_token_logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_transferred_blocks: _Optional[int] = ..., transferred_bytes: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., cached_spans: _Optional[_Iterable[_Union[_common_pb2.CachedTokens, _Mapping]]] = ...) -> None: ...
 
 class ReleaseBlocksRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -166,7 +166,10 @@ def test_both_workers_expose_the_tier_series():
     host = TierCounts("host", 3, 3 * BLOCK_BYTES, 8 * BLOCK_BYTES,
                       TierTotals(hits=5, misses=2, saved_bytes=640, load_seconds=0.25))
     disk = TierCounts("disk", 1, FILE_BYTES, 4 * FILE_BYTES, TierTotals(dropped_blocks=1))
-    counts = EngineCounts(0, 0, 0, 4, 4, kv_tiers=(host, disk), kv_tier_recomputed_blocks=1)
+    from baton.engine.kv_source import KVSource
+    by = ((KVSource.POOL, 32), (KVSource.HOST_TIER, 12), (KVSource.DISK_TIER, 4))
+    counts = EngineCounts(0, 0, 0, 4, 4, kv_tiers=(host, disk), kv_tier_recomputed_blocks=1,
+                          cached_tokens_by_source=by)
 
     class Engine:
         def counts(self):
@@ -186,6 +189,9 @@ def test_both_workers_expose_the_tier_series():
         assert got[("baton_kv_tier_load_seconds_total", "host")] == 0.25
         assert got[("baton_kv_tier_dropped_blocks_total", "disk")] == 1
         assert got[("baton_kv_tier_recomputed_blocks_total", None)] == 1
+        sources = {s.labels["source"]: s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples if s.name == "baton_kv_cached_prompt_tokens_total"}
+        assert sources == {"pool": 32, "host_tier": 12, "disk_tier": 4}
 
 
 def test_a_prompt_that_cannot_fit_loads_nothing():

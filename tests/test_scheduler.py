@@ -453,3 +453,29 @@ def test_totals_count_preemptions_and_prefix_cache_tokens():
     _drain(s)  # c's re-admission is not a new query
     assert (s.totals.prefix_cache_queries, s.totals.prefix_cache_hits) == (38, 4)
     assert s.totals.num_preemptions == 1
+
+
+def test_cached_tokens_after_preemption_count_only_tokens_never_computed():
+    """c's first admission hits x's block (4 tokens); preempted, that block is evicted before
+    c comes back, so c recomputes all of it: none of its prompt went uncomputed."""
+    from baton.engine.kv_source import KVSource
+    s = _scheduler(6, long_prefill_token_threshold=0)
+    s.add(_req("x", list(range(10, 15)), max_tokens=1))  # caches [10..13]
+    _drain(s)
+    a = _req("a", [3] + list(range(10, 17)), max_tokens=2)
+    b = _req("b", [4] + list(range(10, 16)), max_tokens=2)
+    c = _req("c", [10, 11, 12, 13, 5, 16, 17, 18], max_tokens=2)
+    for r in (a, b, c):
+        s.add(r)
+    _step(s)
+    assert (c.num_cached_tokens, c.cached_spans) == (4, ((KVSource.POOL, 4),))
+    out = _run(s, s.schedule())
+    assert out.preempted == [c]
+    first = s.kv.block_hashes("c", c.all_token_ids)[0]
+    assert first in s.kv.pool.cached
+    taken = s.kv.pool.allocate(s.kv.num_free_blocks)  # someone else takes the free blocks
+    assert first not in s.kv.pool.cached
+    s.kv.pool.release(taken)
+    out = _step(s)
+    assert _rows(out) == [("c", 9)]  # its prompt and its first output token, all computed
+    assert (c.num_cached_tokens, c.cached_spans) == (0, ())

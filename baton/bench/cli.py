@@ -199,6 +199,12 @@ def write_outputs(out: Path, args, argv: list[str], target: dict, info,
         w = lv.workers
         print(f"[bench] {label} workers: " + (f"{len(w.workers)} polled {w.polls} times"
                                               if w.available else w.note), flush=True)
+        held = w.counter_delta("recomputed_held")
+        if held is not None:
+            tier = w.counter_delta("tier_recomputed_blocks")
+            print(f"[bench] {label} tokens recomputed although held: {held}"
+                  + (f" (tier blocks recomputed: {tier})" if tier is not None else ""),
+                  flush=True)
     print(f"[bench] wrote {out}/report.json")
 
 

@@ -41,6 +41,8 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int | None = None    # server usage
     cached_tokens: int | None = None    # server usage.prompt_tokens_details.cached_tokens
+    cached_by: dict | None = None       # Baton's baton_cached_by (source → tokens)
+    recomputed_held_tokens: int | None = None  # Baton's baton_recomputed_held_tokens
     error: str | None = None
     cancelled: bool = False
 
@@ -87,6 +89,10 @@ def _take_usage(rec: RequestRecord, usage: dict) -> None:
     details = usage.get("prompt_tokens_details") or {}
     if details.get("cached_tokens") is not None:
         rec.cached_tokens = int(details["cached_tokens"])
+    if isinstance(details.get("baton_cached_by"), dict):
+        rec.cached_by = details["baton_cached_by"]
+    if details.get("baton_recomputed_held_tokens") is not None:
+        rec.recomputed_held_tokens = int(details["baton_recomputed_held_tokens"])
 
 
 async def _consume(resp: httpx.Response, rec: RequestRecord, clock: Callable[[], float]) -> None:

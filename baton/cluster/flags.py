@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context limit (default: the model's, within the KV pool)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per worker")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                   help="KV pool bytes per worker (default: the workers')")
+                   help="KV pool bytes per worker (default: --kv-memory-fraction of the "
+                        "memory free at start, less every worker's weights, split evenly)")
+    p.add_argument("--kv-memory-fraction", type=float, default=0.5,
+                   help="share of MemAvailable the workers' KV pools take together")
     p.add_argument("--kv-host-tier-bytes", type=int, default=None,
                    help="host-memory KV tier per worker, below its pool (default: off)")
     p.add_argument("--kv-disk-tier-dir", default=None,
@@ -101,6 +104,8 @@ def bad_flags(a: argparse.Namespace) -> str | None:
         return "need --num-decode >= 1 (and --num-prefill >= 1 when disaggregated)"
     if a.shutdown_grace_s < 0:
         return "--shutdown-grace-s must be >= 0"
+    if not 0 < a.kv_memory_fraction <= 1:
+        return "--kv-memory-fraction must be in (0, 1]"
     try:
         backoff(a)
     except ValueError as e:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import NamedTuple
+
+from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
@@ -35,6 +38,26 @@ def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
     if workers >= len(cpus):
         return {n: frozenset([cpus[i % len(cpus)]]) for i, n in enumerate(names)}
     return {n: frozenset(cpus[i::workers]) for i, n in enumerate(names)}
+
+
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_worker(a: argparse.Namespace, folder: Path, free_bytes: int | None) -> int | None:
+    """The KV pool bytes each worker gets when neither --num-blocks nor
+    --kv-cache-memory-bytes is given (None when one is): one budget, `--kv-memory-fraction`
+    of `free_bytes` (MemAvailable, measured once here) less every worker's weights, divided
+    evenly (baton/engine/kv_budget.py), so workers starting together do not each count
+    the same free memory. Raises KVBudgetError when one max-length request per worker
+    does not fit."""
+    if a.num_blocks is not None or a.kv_cache_memory_bytes is not None:
+        return None
+    if free_bytes is None:
+        return FALLBACK_BYTES
+    workers = a.num_decode + (a.num_prefill if a.mode == "disaggregated" else 0)
+    return cluster_kv_bytes(folder, free_bytes, workers, a.block_size or 16,
+                            _ELEMENT_BYTES[a.dtype or "float32"], a.max_model_len,
+                            a.kv_memory_fraction)
 
 
 def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:

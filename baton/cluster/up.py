@@ -51,8 +51,10 @@ from baton.cluster.plan import (
     cpu_plan,
     decode_args,
     gateway_args,
+    kv_bytes_per_worker,
     prefill_args,
 )
+from baton.engine.kv_budget import read_mem_available
 from baton.cluster.supervise import Supervisor, describe_exit
 from baton.roles import ROLE_MODULES
 
@@ -240,10 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         from baton.models.registry import resolve_model
-        resolve_model(a.model)  # convert once here, before the workers race to it
-    except ValueError as e:
+        folder = resolve_model(a.model)  # convert once here, before the workers race to it
+        share = kv_bytes_per_worker(a, folder, read_mem_available())
+    except ValueError as e:  # KVBudgetError included
         print(f"baton up: {e}", file=sys.stderr)
         return 1
+    if share is not None:
+        a.kv_cache_memory_bytes = share
+        print(f"[baton up] KV pool per worker: {share / 2**20:.0f} MiB "
+              f"({a.kv_memory_fraction:g} of the memory free, split evenly)", flush=True)
     log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(a, log_dir)

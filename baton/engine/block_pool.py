@@ -16,7 +16,9 @@ from baton.session_hints import SessionHint
 class Block:
     """One KV block: `ref_cnt` live users; `block_hash`/`token_ids` set once it is cached.
     While free, `owner` names the session list it sits in (None: class (a)); `prefetched`:
-    loaded from a lower tier ahead of the request that will take it (counted when taken)."""
+    loaded from a lower tier ahead of the request that will take it (counted when taken);
+    `loaded_from`: the tier ("host", "disk") a block was loaded from, until a request takes
+    it as a hit (its tokens then count as that tier's: kv_source.py) or it is reused."""
 
     block_id: int
     ref_cnt: int = 0
@@ -24,6 +26,7 @@ class Block:
     token_ids: tuple[int, ...] = ()
     owner: str | None = None
     prefetched: bool = False
+    loaded_from: str | None = None
 
 
 class BlockPool:
@@ -151,6 +154,7 @@ class BlockPool:
         self.cached[block_hash] = block.block_id
 
     def _evict(self, block: Block) -> None:
+        block.loaded_from = None
         if block.prefetched:
             self.prefetch_wasted += 1
             block.prefetched = False

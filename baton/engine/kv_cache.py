@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from baton.block_hash import BlockHashFn, hash_block, hash_block_tokens
 from baton.engine.block_pool import Block, BlockPool
 from baton.engine.kv_prefetch import SessionChains, load_from_tier, pool_hits
+from baton.engine.kv_source import TIER_SOURCES, KVSource, Spans, spans_of
 from baton.engine.kv_tier import KVTier
 from baton.session_hints import SessionHint
 
@@ -48,6 +49,7 @@ class _RequestBlocks:
     hashes: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
     token_ids: Sequence[int] = ()  # the request's token list (a reference; cache_blocks)
+    cached_spans: Spans = ()  # where its prefix hits came from (kv_source.py), at allocation
 
 
 class KVCacheManager:
@@ -108,6 +110,12 @@ class KVCacheManager:
     def cached_block_hashes(self) -> list[int]:
         """Hashes of every block in the prefix cache (used or free), for KV-aware routing."""
         return list(self.pool.cached)
+
+    def cached_spans(self, request_id: str) -> Spans:
+        """Where the prefix hits of the request's first allocation came from, in prompt
+        order (kv_source.py); () for an unknown request or one without hits."""
+        entry = self.requests.get(request_id)
+        return entry.cached_spans if entry is not None else ()
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -248,6 +256,11 @@ class KVCacheManager:
             self.pool.touch(new_computed_blocks)
             entry.blocks.extend(new_computed_blocks)
             entry.num_cached_blocks = len(entry.blocks)
+            entry.cached_spans = spans_of(
+                (TIER_SOURCES.get(b.loaded_from, KVSource.POOL) for b in new_computed_blocks),
+                self.block_size)
+            for b in new_computed_blocks:  # taken: a later hit on it is this pool's
+                b.loaded_from = None
         new = self.pool.allocate(need)
         entry.blocks.extend(new)
         return new

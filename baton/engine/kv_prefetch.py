@@ -56,6 +56,7 @@ def load_from_tier(pool: BlockPool, tier: KVTier, block_size: int, hashes: Seque
             tier.finish(claim, block.block_id)
             pool.cache(block, hashes[i], tokens)
             block.prefetched = prefetch
+            block.loaded_from = claim.tier
             loaded.append(block)
     finally:
         pool.release(list(reversed(hits + loaded)), session, refresh)

@@ -15,6 +15,7 @@ A request's life inside `LLMEngine`:
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import torch
 from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
 from baton.engine.grammar import GrammarCompiler
+from baton.engine.kv_budget import auto_num_blocks, read_mem_available
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.kv_tier import tier_for
 from baton.engine.model_limits import eos_token_ids, max_model_len
@@ -63,7 +65,7 @@ class LLMEngine:
         self.model = DecoderModel(self.model_path, config.torch_dtype, config.torch_device)
         cache, shape = config.cache, self.model.shape
         per_block = ModelRunner.bytes_per_block(self.model, cache.block_size)
-        num_blocks = cache.num_blocks or max(2, cache.kv_cache_memory_bytes // per_block)
+        num_blocks = self._pool_blocks(per_block)
         self.max_model_len = max_model_len(self.model.config, shape.max_position_embeddings,
                                            config.max_model_len, num_blocks * cache.block_size)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
@@ -75,6 +77,25 @@ class LLMEngine:
         self.requests: dict[str, _Tracked] = {}
         self.finish_hook: Callable[[Request, RequestStatus], bool] | None = None
         torch.manual_seed(config.seed)
+
+    def _pool_blocks(self, per_block: int) -> int:
+        """The pool's size: the configured blocks or bytes, else from the memory free now
+        that the model is loaded (kv_budget.py; KVBudgetError when one request won't fit)."""
+        config, cache = self.config, self.config.cache
+        if cache.num_blocks:
+            return cache.num_blocks
+        if cache.kv_cache_memory_bytes is not None:
+            return max(2, cache.kv_cache_memory_bytes // per_block)
+        limit = max_model_len(self.model.config, self.model.shape.max_position_embeddings,
+                              config.max_model_len, sys.maxsize)
+        free = read_mem_available()  # the host tier, allocated next, is not in the pool's share
+        free = None if free is None else max(0, free - cache.kv_host_tier_bytes)
+        seqs = config.scheduler.max_num_seqs if cache.kv_pool_for_batch else None
+        blocks = auto_num_blocks(free, per_block, limit, cache.block_size,
+                                 cache.kv_memory_fraction, seqs)
+        logger.info("KV pool: %d blocks (%.0f MiB) of %s MiB free", blocks,
+                    blocks * per_block / 2**20, "?" if free is None else f"{free / 2**20:.0f}")
+        return blocks
 
     # ---- what a worker may read ----------------------------------------------------------
     @property
@@ -261,4 +282,4 @@ class LLMEngine:
             finished=req.status.is_finished, finish_reason=req.status.finish_reason,
             stop_reason=req.stop_reason, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
-            num_cached_tokens=max(0, req.num_cached_tokens))
+            num_cached_tokens=max(0, req.num_cached_tokens), cached_spans=req.cached_spans)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from baton.engine.kv_source import Spans
 from baton.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -53,7 +54,9 @@ class Request:
 
     `num_computed_tokens` counts tokens of `all_token_ids` whose KV is in the cache;
     `num_cached_tokens` is how many of those came from a prefix-cache hit (or a remote
-    prefill) when it was first scheduled. `max_tokens` is resolved by the engine (never None).
+    prefill) when it was first scheduled, and `cached_spans` where in this engine they came
+    from (pool or a tier, in prompt order: kv_source.py). `max_tokens` is resolved by the
+    engine (never None).
     """
 
     request_id: str
@@ -67,6 +70,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # -1 until first scheduled
+    cached_spans: Spans = ()
     num_preemptions: int = 0
     scheduled_time: float | None = None  # time.monotonic() when it first joined the batch
     blocked_since: float | None = None  # time.monotonic() when admission first found no blocks

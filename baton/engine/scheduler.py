@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from baton.config import SchedulerConfig
 from baton.engine.kv_cache import Block, KVCacheManager
+from baton.engine.kv_source import take
 from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
 from baton.engine.schedule_policy import shortest_first
@@ -65,6 +66,7 @@ class Scheduler:
         `num_cached_tokens` on: WAITING_FOR_REMOTE_KV until `remote_kv_ready`."""
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         request.num_computed_tokens = request.num_cached_tokens = num_cached_tokens
+        request.cached_spans = self.kv.cached_spans(request.request_id)
         self._count_prefix_query(request, num_cached_tokens)
         self.remote_waits[request.request_id] = request
 
@@ -199,7 +201,11 @@ class Scheduler:
         req.num_computed_tokens = num_computed
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed
+            req.cached_spans = self.kv.cached_spans(req.request_id)
             self._count_prefix_query(req, num_computed)
+        elif num_computed < req.num_cached_tokens:  # back from preemption, a shorter hit:
+            req.num_cached_tokens = num_computed    # only tokens never computed count
+            req.cached_spans = take(req.cached_spans, num_computed)
         if req.scheduled_time is None:
             req.scheduled_time = time.monotonic()
         req.status = RequestStatus.RUNNING
@@ -270,6 +276,7 @@ class Scheduler:
             return  # no lookup happened (vLLM records no prefix-cache stats then either)
         self.totals.prefix_cache_queries += req.num_tokens
         self.totals.prefix_cache_hits += num_hit_tokens
+        self.totals.count_cached_spans(req.cached_spans)
 
     def finish(self, req: Request, status: RequestStatus, free: bool = True) -> None:
         """End a request in any state: drop it from the queues and (if `free`) release its

@@ -5,8 +5,10 @@ Services, wire messages and metrics read `EngineStats` (taken on the engine thre
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
+
+from baton.engine.kv_source import KVSource, Spans
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -26,6 +28,8 @@ class Totals:
     (as vLLM counts them, in tokens).
     prompt_tokens: prompt tokens of requests that got their first output token.
     generation_tokens: output tokens appended (a remote prefill's first token included).
+    cached_tokens_by_source: of prefix_cache_hits, tokens by where this engine found them
+    (its pool, or loaded from a tier: kv_source.py); their sum is prefix_cache_hits.
     """
 
     num_preemptions: int = 0
@@ -33,6 +37,13 @@ class Totals:
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    cached_tokens_by_source: dict[KVSource, int] = field(
+        default_factory=lambda: dict.fromkeys(KVSource, 0))
+
+    def count_cached_spans(self, spans: Spans) -> None:
+        """A request's prefix hit, by source (its spans, kv_source.py)."""
+        for source, n in spans:
+            self.cached_tokens_by_source[source] += n
 
     def count_output_token(self, req: Request) -> None:
         """One output token appended to `req` (its first also counts its prompt)."""
@@ -46,7 +57,8 @@ class EngineCounts(NamedTuple):
     read, so a metrics thread may take them while the engine steps (each is exact, the set
     is not atomic). kv_tiers: each KV tier's size and moves (kv_tier.TierCounts: blocks,
     bytes, hits, misses, bytes and seconds moved); kv_tier_recomputed_blocks: tier blocks
-    found unusable (corrupt file) and recomputed."""
+    found unusable (corrupt file) and recomputed; cached_tokens_by_source: (source, tokens)
+    of Totals.cached_tokens_by_source."""
 
     num_running: int
     num_waiting: int  # queued for local prefill (remote-KV waits not included)
@@ -60,6 +72,7 @@ class EngineCounts(NamedTuple):
     generation_tokens: int = 0
     kv_tiers: tuple[TierCounts, ...] = ()
     kv_tier_recomputed_blocks: int = 0
+    cached_tokens_by_source: tuple[tuple[KVSource, int], ...] = ()
 
 
 class EngineStats(NamedTuple):
@@ -102,4 +115,5 @@ def counts_of(running: Collection[Request], waiting: Collection[Request],
                         kv.num_blocks, t.num_preemptions, t.prefix_cache_queries,
                         t.prefix_cache_hits, t.prompt_tokens, t.generation_tokens,
                         tier.counts() if tier is not None else (),
-                        tier.recomputed_blocks if tier is not None else 0)
+                        tier.recomputed_blocks if tier is not None else 0,
+                        tuple(t.cached_tokens_by_source.items()))

@@ -48,8 +48,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (bf16/fp16 are slow on CPUs without them)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30,
-                   help="KV pool size in bytes (ignored with --num-blocks)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="KV pool size in bytes (ignored with --num-blocks; default: "
+                        "--kv-memory-fraction of the memory free after the model loads, at "
+                        "least one --max-model-len request)")
+    g.add_argument("--kv-memory-fraction", type=float, default=0.5,
+                   help="share of MemAvailable the default KV pool takes")
     g.add_argument("--num-blocks", type=int, default=None, help="fixed KV pool size (tests)")
     g.add_argument("--no-prefix-caching", action="store_true",
                    help="never reuse cached KV blocks across requests")
@@ -102,7 +106,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=a.seed,
         cache=CacheConfig(block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-                          num_blocks=a.num_blocks, enable_prefix_caching=not a.no_prefix_caching,
+                          num_blocks=a.num_blocks, kv_memory_fraction=a.kv_memory_fraction,
+                          enable_prefix_caching=not a.no_prefix_caching,
                           kv_host_tier_bytes=a.kv_host_tier_bytes,
                           kv_disk_tier_dir=a.kv_disk_tier_dir,
                           kv_disk_tier_bytes=a.kv_disk_tier_bytes),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,12 +25,14 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from baton.engine.kv_budget import KVBudgetError
 from baton.engine.llm_engine import LLMEngine
 from baton.grpc_options import CHANNEL_OPTIONS
 from baton.threads import set_torch_threads
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
+from baton.worker.process import StartFailed
 from baton.worker.stats_rpc import StatsRpc
 from protos import common_pb2
 
@@ -79,7 +82,11 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
                        build: Callable[[WorkerRuntime], RoleParts]) -> WorkerRuntime:
     """Start a worker of `role` serving `service_name` (steps 1-4 of the module docstring)."""
     threads = set_torch_threads(config.server.num_threads)
-    engine = LLMEngine(config.engine)
+    try:
+        engine = LLMEngine(config.engine)
+    except KVBudgetError as e:  # the default pool does not fit: say so and exit 1
+        print(f"{role} worker: {e}", file=sys.stderr, flush=True)
+        raise StartFailed(str(e)) from None
     ae = AsyncEngine(engine)
     ae.start()
     layout = kv_layout(served_model_name(config.engine, config.served_model_name),

@@ -1,5 +1,10 @@
 """The KV tier's series on a worker's /metrics (decode and prefill alike), one label `tier`
 ("host" | "disk"); read from `EngineCounts.kv_tiers` at scrape time, absent without tiers.
+Beside them, always: the engine's prefix hits in tokens by where it found them,
+
+    baton_kv_cached_prompt_tokens_total{source}  counter  prompt tokens not computed, found
+                                                          in the pool ("pool") or loaded
+                                                          from "host_tier" / "disk_tier"
 
     baton_kv_tier_blocks{tier}                   gauge    blocks held
     baton_kv_tier_bytes{tier}                    gauge    bytes held (disk: file bytes)
@@ -46,6 +51,11 @@ class KVTierCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._counts()
+        by = CounterMetricFamily("baton_kv_cached_prompt_tokens", "Prompt tokens this engine "
+                                 "did not compute, by where it found them", labels=["source"])
+        for source, n in c.cached_tokens_by_source:
+            by.add_metric([source.value], n)
+        yield by
         if not c.kv_tiers:
             return
         for name, doc, get in _GAUGES:

@@ -8,11 +8,13 @@ conversion lives here, once, so the two sides of a hand-off read a message the s
     common_pb2.TokenLogprobs   ⇄  TokenLogprob          (logprob_from/to_proto)
     "stop" | "length" | ...    →  FinishReason enum     (FINISH_REASONS)
     EngineStats                →  WorkerStats           (worker_stats)
+    kv_source spans            →  [CachedTokens]        (cached_spans_to_proto)
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from baton.engine.kv_source import KVSource, Spans
 from baton.outputs import TokenLogprob
 from baton.sampling_params import SamplingParams, StructuredOutput
 from protos import common_pb2
@@ -27,6 +29,25 @@ FINISH_REASONS = {
     "error": common_pb2.FINISH_REASON_ERROR,
 }
 _U64 = 1 << 64
+# by name: KVSource.HOST_TIER ("host_tier") → KV_SOURCE_HOST_TIER; POOL is the role's own
+_SOURCES = {s: common_pb2.KVSource.Value(f"KV_SOURCE_{s.value.upper()}")
+            for s in KVSource if s is not KVSource.POOL}
+
+
+def wire_spans(spans: Spans, pool: int) -> tuple[tuple[int, int], ...]:
+    """An engine's spans with common_pb2.KVSource values: its pool becomes `pool`
+    (KV_SOURCE_DECODE_POOL or KV_SOURCE_PREFILL_POOL, the role's), tiers their own."""
+    return tuple((pool if s is KVSource.POOL else _SOURCES[s], n) for s, n in spans)
+
+
+def source_label(source: int) -> str:
+    """A common_pb2.KVSource's short name: "decode_pool", "host_tier", ..."""
+    return common_pb2.KVSource.Name(source).removeprefix("KV_SOURCE_").lower()
+
+
+def cached_spans_to_proto(spans, pool: int) -> list[common_pb2.CachedTokens]:
+    """CachedTokens messages of an engine's spans (`wire_spans`), in prompt order."""
+    return [common_pb2.CachedTokens(source=s, num_tokens=n) for s, n in wire_spans(spans, pool)]
 
 
 def sampling_params_from_proto(p: common_pb2.SamplingParams, **overrides) -> SamplingParams:

@@ -84,3 +84,46 @@ def test_poller_counts_failures_after_a_good_poll(fake):
 
     series = asyncio.run(run())
     assert series.available and series.polls >= 1 and series.failed_polls >= 1
+
+
+def _with_held(tokens: float) -> str:
+    return SAMPLE + f"""\
+# HELP baton_decode_recomputed_held_tokens_total held but recomputed
+# TYPE baton_decode_recomputed_held_tokens_total counter
+baton_decode_recomputed_held_tokens_total{{role="decode",worker="10.0.0.1:50051"}} {tokens}
+baton_decode_recomputed_held_tokens_created{{role="decode",worker="10.0.0.1:50051"}} 1.7e9
+"""
+
+
+def test_counter_delta_over_the_run():
+    from baton.bench.worker_poll import WorkerSeries
+    series = WorkerSeries(True)
+    series.add(0.0, parse_workers(_with_held(40)))
+    assert parse_workers(_with_held(40))["10.0.0.1:50051"].recomputed_held == 40.0
+    series.add(1.0, parse_workers(_with_held(40)))
+    series.add(2.0, parse_workers(_with_held(72)))
+    assert series.counter_delta("recomputed_held") == 32
+    assert series.counter_delta("tier_recomputed_blocks") is None  # no worker has it
+    assert series.to_dict()["recomputed_held_delta"] == 32
+    series.add(3.0, parse_workers(_with_held(5)))  # restarted: all 5 are new
+    assert series.counter_delta("recomputed_held") == 5
+
+
+def test_poller_polls_once_more_when_stopped(fake):
+    server, url = fake
+    server.worker_metrics = lambda: _with_held(3)
+
+    async def run():
+        poller = WorkerPoller(url, interval_s=600)
+        task = asyncio.create_task(poller.run())
+        for _ in range(200):  # until the first poll is in (bounded)
+            if poller.series(0.0).polls:
+                break
+            await asyncio.sleep(0.01)
+        server.worker_metrics = lambda: _with_held(11)
+        poller.stop()
+        await asyncio.wait_for(task, 5)
+        return poller.series(origin=0.0)
+
+    series = asyncio.run(run())
+    assert series.polls == 2 and series.counter_delta("recomputed_held") == 8

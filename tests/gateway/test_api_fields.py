@@ -57,7 +57,9 @@ class PromptEcho(FakeDecode):
                 yield decode_pb2.GenerateResponse(tokens=decode_pb2.TokenChunk(
                     index=j, token_ids=[first], text_delta=f"{first}/{j}"))
             usage = common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
-                                     completion_tokens=n, cached_tokens=1)
+                                     completion_tokens=n, cached_tokens=1,
+                                     recomputed_held_tokens=2, cached_by=[common_pb2.CachedTokens(
+                                         source=common_pb2.KV_SOURCE_HOST_TIER, num_tokens=1)])
             for j in range(n):
                 yield decode_pb2.GenerateResponse(finished=decode_pb2.Finished(
                     index=j, finish_reason=common_pb2.FINISH_REASON_STOP, usage=usage))
@@ -86,7 +88,10 @@ async def test_prompt_list_is_one_response_indexed_prompt_major(prompts, echo):
     assert [c["index"] for c in body["choices"]] == list(range(6))
     assert [c["text"] for c in body["choices"]] == TEXTS
     assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12,
-                             "prompt_tokens_details": {"cached_tokens": 3}}
+                             "prompt_tokens_details": {
+                                 "cached_tokens": 3, "baton_recomputed_held_tokens": 6,
+                                 "baton_cached_by": {"decode_pool": 0, "prefill_pool": 0,
+                                                     "host_tier": 3, "disk_tier": 0}}}
     requests = echo.servicer.requests
     assert sorted(r.request_id for r in requests) == [f"{body['id']}-{i}" for i in range(3)]
     assert all(r.sampling_params.n == 2 for r in requests)

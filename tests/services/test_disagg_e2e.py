@@ -25,6 +25,11 @@ def sent_blocks(prefill) -> float:
     return prefill.metrics.registry.get_sample_value("baton_kv_transferred_blocks_total") or 0
 
 
+def recomputed_held(decode) -> float:
+    return decode.metrics.registry.get_sample_value(
+        "baton_decode_recomputed_held_tokens_total") or 0
+
+
 @pytest.fixture(scope="module")
 def colocated(model):
     return LLM(str(model), block_size=BLOCK, num_blocks=96)
@@ -52,11 +57,19 @@ async def test_second_turn_transfers_only_new_blocks(whole, model):
     out1 = (await client.generate(turn1)).output
     turn2 = turn1 + out1 + prompt_of(20, seed=2)  # 65 tokens, 9 blocks
     before = sent_blocks(prefill)
+    held_before = recomputed_held(decode)
     res = await client.generate(turn2)
     assert res.output == hf_greedy(model, turn2, 8)
     assert sent_blocks(prefill) - before == 9 - 5  # decode holds 5 full blocks (40 tokens)
     assert res.fin.usage.cached_tokens == 32  # prefill computed from its own 4-block hit
     assert res.fin.timings.remote_prefill
+    # decode held 40, prefill computed from 32: 8 tokens recomputed although held; the 32
+    # nobody computed are counted where decode holds them (its copy is the one used)
+    usage = res.fin.usage
+    assert [(c.source, c.num_tokens) for c in usage.cached_by] == \
+        [(common_pb2.KV_SOURCE_DECODE_POOL, 32)]
+    assert usage.recomputed_held_tokens == 8
+    assert recomputed_held(decode) - held_before == 8
 
 
 async def test_prefill_hit_beyond_decode_hit(whole, model):
@@ -73,6 +86,9 @@ async def test_prefill_hit_beyond_decode_hit(whole, model):
             assert res.output == hf_greedy(model, prompt, 8)
             assert sent_blocks(prefill) - before == 6
             assert res.fin.usage.cached_tokens == (40 if turn else 0)
+            by = [(c.source, c.num_tokens) for c in res.fin.usage.cached_by]
+            assert by == ([(common_pb2.KV_SOURCE_PREFILL_POOL, 40)] if turn else [])
+            assert res.fin.usage.recomputed_held_tokens == 0
         finally:
             await client.close()
             await other.stop(drain_s=0)

@@ -1,0 +1,56 @@
+"""decode_service/usage.py: a request's cached prompt tokens split by source, and the tokens a
+prefill worker computed although the decode worker held them (its prefix hit beyond
+prefill's)."""
+from baton.engine.kv_source import KVSource
+from decode_service.metrics import DecodeMetrics
+from decode_service.usage import prompt_usage
+from protos import common_pb2, prefill_pb2
+
+P, H, D = KVSource.POOL, KVSource.HOST_TIER, KVSource.DISK_TIER
+DPOOL, PPOOL = common_pb2.KV_SOURCE_DECODE_POOL, common_pb2.KV_SOURCE_PREFILL_POOL
+HOST, DISK = common_pb2.KV_SOURCE_HOST_TIER, common_pb2.KV_SOURCE_DISK_TIER
+
+
+def _prefill(cached: int, spans=()) -> prefill_pb2.PrefillResponse:
+    return prefill_pb2.PrefillResponse(
+        num_cached_tokens=cached,
+        cached_spans=[common_pb2.CachedTokens(source=s, num_tokens=n) for s, n in spans])
+
+
+def test_local_prefill_counts_decode_hits_by_source():
+    u = prompt_usage(((P, 32), (H, 16), (D, 16)), None)
+    assert u == (64, {DPOOL: 32, HOST: 16, DISK: 16}, 0)
+    assert prompt_usage((), None) == (0, {}, 0)
+
+
+def test_remote_prefill_with_a_shorter_hit_recomputes_what_decode_held():
+    """The turn-4 case: decode holds 48 (its pool 32, its host tier 16), prefill only 16."""
+    u = prompt_usage(((P, 32), (H, 16)), _prefill(16, [(PPOOL, 16)]))
+    assert u.cached_tokens == 16 and u.cached_by == {DPOOL: 16}
+    assert u.recomputed_held_tokens == 32
+
+
+def test_remote_prefill_with_a_longer_hit_adds_prefill_sources_after_decode_prefix():
+    u = prompt_usage(((P, 16),), _prefill(64, [(PPOOL, 32), (DISK, 32)]))
+    assert u.cached_tokens == 64 and u.recomputed_held_tokens == 0
+    assert u.cached_by == {DPOOL: 16, PPOOL: 16, DISK: 32}
+    assert sum(u.cached_by.values()) == u.cached_tokens
+    usage = u.to_proto(prompt_tokens=80, completion_tokens=3)
+    assert [(c.source, c.num_tokens) for c in usage.cached_by] == \
+        [(DPOOL, 16), (PPOOL, 16), (DISK, 32)]
+    assert (usage.cached_tokens, usage.recomputed_held_tokens) == (64, 0)
+
+
+def test_a_prefill_worker_without_spans_counts_as_its_pool():
+    u = prompt_usage((), _prefill(40))
+    assert u == (40, {PPOOL: 40}, 0)
+
+
+def test_usage_reaches_the_decode_counters():
+    m = DecodeMetrics("m")
+    m.count_usage(prompt_usage(((P, 32), (H, 16)), _prefill(16, [(PPOOL, 16)])))
+    m.count_usage(prompt_usage(((H, 8),), None))
+    get = m.registry.get_sample_value
+    assert get("baton_decode_recomputed_held_tokens_total") == 32
+    assert get("baton_decode_cached_prompt_tokens_total", {"source": "decode_pool"}) == 16
+    assert get("baton_decode_cached_prompt_tokens_total", {"source": "host_tier"}) == 8
