@@ -16,11 +16,14 @@ class PrefillConfig(RoleConfig):
     for ReleaseBlocks (the request may shorten it). timeout_seconds: default budget of one Prefill call (queue, compute,
     transfer) when the request gives none. tombstone_seconds: how long an aborted request id
     is refused, so a Prefill that arrives after its Abort never writes into reused blocks.
+    kv_send_per_chunk: send each prefill step's full blocks while the next chunk computes
+    (kv_stream.py); transports that cannot stream (NIXL) send once at the end regardless.
     """
 
     lease_seconds: float = 30.0
     timeout_seconds: float = 600.0
     tombstone_seconds: float = 120.0
+    kv_send_per_chunk: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -42,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ReleaseBlocks (then they go to the prefix cache)")
     g.add_argument("--timeout-seconds", type=float, default=600.0,
                    help="cap of one Prefill call (queue, compute, transfer)")
+    g.add_argument("--kv-send-per-chunk", action=argparse.BooleanOptionalAction, default=True,
+                   help="send each prefill chunk's full KV blocks while the next chunk "
+                        "computes (gRPC transport; NIXL sends once at the end)")
     return p
 
 
@@ -51,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> PrefillConfig:
     a = p.parse_args(argv)
     try:
         return PrefillConfig(**role_config_kwargs(a), lease_seconds=a.lease_seconds,
-                             timeout_seconds=a.timeout_seconds)
+                             timeout_seconds=a.timeout_seconds,
+                             kv_send_per_chunk=a.kv_send_per_chunk)
     except ValueError as e:
         p.error(str(e))

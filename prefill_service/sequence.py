@@ -4,6 +4,9 @@
          │              │                     ▲
          └──────────────┴─────────────────────┘        Abort, timeout or failure on the way
 
+With per-chunk sends (kv_stream.py) the transfer starts in PREFILLING: blocks move while
+the prompt is computed, and SENDING_KV sends only the remainder.
+
 A PrefillSequence is made when a Prefill call passes its checks and lives until its blocks
 are released, which is after the call's reply when it ends HELD (worker.py runs it, lease.py
 times the hold). `until` bounds each wait by the call's deadline and by an abort; both end
@@ -16,6 +19,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from prefill_service.kv_stream import KVStream
 from protos import prefill_pb2
 
 S = prefill_pb2
@@ -51,6 +55,7 @@ class PrefillSequence:
     abort_reason: str = ""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[prefill_pb2.PrefillResponse] | None = None
+    stream: KVStream | None = None  # its transfer, while streamed per chunk (kv_stream.py)
 
     @property
     def request_id(self) -> str:

@@ -5,7 +5,9 @@
       1. the engine (model, dtype, KV pool) and its thread (AsyncEngine); the grpc.aio server
          and health service (start_worker)
       2. here: the KV sender over the engine's kv_cache (--transport nixl | grpc), metrics,
-         the PrefillWorker (its lease reaper started) and PrefillService
+         per-chunk sends (--kv-send-per-chunk, on by default: gRPC streams each step's
+         blocks; NIXL sends once at the end), the PrefillWorker (its lease reaper started)
+         and PrefillService
       3. serve (SERVING now that the model is loaded), metrics HTTP (--metrics-port), then
          print `READY port=N` for launchers
     SIGTERM/SIGINT → health NOT_SERVING, refuse new prefills, let in-flight ones finish
@@ -13,6 +15,7 @@
 """
 from __future__ import annotations
 
+import logging
 import sys
 
 from baton.engine.block_holds import BlockHolds
@@ -20,11 +23,13 @@ from baton.transfer import make_sender
 from baton.worker.process import run_worker
 from baton.worker.start import RoleParts, WorkerRuntime, WorkerServer
 from prefill_service.config import parse_args
+from prefill_service.kv_stream import KVStreams
 from prefill_service.metrics import PrefillMetrics
 from prefill_service.servicer import PrefillServicer
 from prefill_service.worker import PrefillWorker
 from protos import prefill_pb2, prefill_pb2_grpc
 
+log = logging.getLogger(__name__)
 SERVICE_NAME = prefill_pb2.DESCRIPTOR.services_by_name["PrefillService"].full_name
 
 
@@ -46,13 +51,27 @@ class PrefillServer(WorkerServer):
         self.sender = make_sender(cfg.transport, rt.engine.kv_cache, rt.layout)
         self.metrics = PrefillMetrics(rt.layout.model)
         self.holds = BlockHolds(rt.engine)
-        self.worker = PrefillWorker(cfg, rt.ae, self.holds, self.sender, self.metrics)
+        self.streams = self._streams()
+        self.worker = PrefillWorker(cfg, rt.ae, self.holds, self.sender, self.metrics,
+                                    self.streams)
         self.metrics.watch(rt.engine, self.worker.entries)
         self.servicer = PrefillServicer(self.worker, rt.layout, cfg.transport, rt.address)
         prefill_pb2_grpc.add_PrefillServiceServicer_to_server(self.servicer, rt.server)
         self.worker.start()  # the lease reaper; nothing is leased before the server serves
         return RoleParts(self.metrics.registry, self.worker.drain, self._close,
                          self.servicer.stats)
+
+    def _streams(self) -> KVStreams | None:
+        """Per-chunk sends when asked for and the transport can stream them."""
+        if not self.config.kv_send_per_chunk:
+            return None
+        if not self.sender.streams:
+            log.info("--kv-send-per-chunk: the %s transport sends whole transfers only; "
+                     "KV is sent once, after each prefill", self.config.transport)
+            return None
+        streams = KVStreams(self.holds, self.sender, self.config.engine.cache.block_size)
+        self.ae.after_step = streams.after_step
+        return streams
 
     async def _close(self) -> None:
         self.sender.close()

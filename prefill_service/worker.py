@@ -7,14 +7,17 @@
          engine's scheduler batches and chunks it with other prompts and reuses its prefix
          cache; the first token is sampled with the request's SamplingParams
       3. SENDING_KV: held blocks [num_cached_on_decode / block_size, ...) go into the decode
-         worker's dst_block_ids over the transport; wait for DONE (bounded by the deadline)
+         worker's dst_block_ids over the transport; wait for DONE (bounded by the deadline).
+         With per-chunk sends (kv_stream.py; gRPC, in-process) the transfer began in 2: each
+         step's full blocks were pushed as it ended, and only the remainder is left here
       4. HELD: reply OK; the blocks stay referenced until ReleaseBlocks or the lease expires
          (Leases, lease.py), then go to the prefix cache (the session's next turn hits them)
 
         held block table  [ 7 ][ 8 ][ 9 ][ 3 ]        num_cached_on_decode = 2 blocks
                                     └──┴── sent ──▶ dst_block_ids [ 40 ][ 12 ]
 
-    Abort (or the RPC being cancelled): PREFILLING → the engine drops it and frees its blocks;
+    Abort (or the RPC being cancelled): PREFILLING → the engine drops it and frees its blocks
+    (blocks already pushed stay pinned until the cancelled stream is final, `_end_stream`);
     SENDING_KV → the transfer is waited out (blocks are never freed, nor the Abort answered,
     while bytes may still be moving into the decode worker), then released; HELD → released.
     The id is then refused for a while (a tombstone, lease.py), so a Prefill overtaken by its
@@ -41,6 +44,7 @@ from baton.worker.validate import check_request
 from baton.transfer import KVLayoutError, KVSender, TransferState
 from baton.worker.wire import cached_spans_to_proto, logprob_to_proto, sampling_params_from_proto
 from prefill_service.config import PrefillConfig
+from prefill_service.kv_stream import KVStream, KVStreams
 from prefill_service.lease import Leases
 from prefill_service.metrics import PrefillMetrics
 from prefill_service.sequence import PrefillEnded, PrefillSequence, PrefillState
@@ -60,9 +64,11 @@ class PrefillWorker:
     """Owns the in-flight and held requests of one prefill engine."""
 
     def __init__(self, config: PrefillConfig, engine: AsyncEngine, holds: BlockHolds,
-                 sender: KVSender, metrics: PrefillMetrics) -> None:
+                 sender: KVSender, metrics: PrefillMetrics,
+                 streams: KVStreams | None = None) -> None:
+        """streams: per-chunk sends (its after_step installed on the engine), or None."""
         self.config, self.ae, self.sender, self.metrics = config, engine, sender, metrics
-        self.holds = holds
+        self.holds, self.streams = holds, streams
         self.block_size = config.engine.cache.block_size
         self.entries: dict[str, PrefillSequence] = {}
         self.leases: Leases[PrefillSequence] = Leases(config.lease_seconds,
@@ -154,6 +160,7 @@ class PrefillWorker:
         except BaseException as exc:  # forget the sequence; its blocks must be freed too
             if not isinstance(exc, PrefillEnded):  # a bug or a cancel: blocks may be held
                 await asyncio.shield(self.ae.call(lambda eng: self.holds.abort(rid)))
+            await asyncio.shield(self._end_stream(seq))
             if seq.state != PrefillState.RELEASED:
                 seq.move(PrefillState.RELEASED)
             if self.entries.get(rid) is seq:
@@ -174,9 +181,7 @@ class PrefillWorker:
         params = sampling_params_from_proto(req.sampling_params, n=1, max_tokens=1, min_tokens=0)
         q = self.ae.open_stream(rid)
         try:
-            engine_req = await self.ae.call(
-                lambda eng: self.holds.add(rid, list(req.prompt_token_ids), params,
-                                           hint_from_proto(req)))
+            engine_req = await self.ae.call(lambda eng: self._add(seq, params))
             out = await seq.until(q.get())
         except PrefillEnded:
             await self.ae.call(lambda eng: self.holds.abort(rid))  # held blocks included
@@ -189,23 +194,61 @@ class PrefillWorker:
                                out.error or f"prefill ended {out.finish_reason}")
         return _FirstToken(out, engine_req, time.monotonic())
 
-    async def _send(self, seq: PrefillSequence) -> tuple[int, float]:
-        """SENDING_KV: (blocks sent, seconds). Never returns or raises while bytes may move."""
+    def _add(self, seq: PrefillSequence, params) -> Request:
+        """Engine thread: begin the streamed transfer (when per-chunk sends are on and the
+        sender takes it), then queue the prompt. ValueError like `BlockHolds.add`."""
         req, rid = seq.request, seq.request_id
-        table = await self.ae.call(lambda eng: self.holds.block_table(rid))
-        src = table[req.num_cached_on_decode // self.block_size:]
+        if self.streams is not None:
+            stream = KVStream(rid, req.transfer_id, req.num_cached_on_decode // self.block_size,
+                              list(req.dst_block_ids))
+            budget = max(0.001, seq.deadline - time.monotonic())
+            seq.stream = stream if self.streams.open(stream, req.endpoint, budget) else None
+        try:
+            return self.holds.add(rid, list(req.prompt_token_ids), params,
+                                  hint_from_proto(req))
+        except BaseException:
+            if seq.stream is not None:
+                self.streams.stop(seq.stream)  # _run's failure path waits it out
+            raise
+
+    async def _end_stream(self, seq: PrefillSequence) -> None:
+        """Failure path: stop a streamed transfer, wait until no byte moves, drop its pins."""
+        stream, seq.stream = seq.stream, None
+        if stream is None:
+            return
+        await self.ae.call(lambda eng: self.streams.stop(stream))
+        budget = max(0.001, seq.deadline - time.monotonic())
+        await self.sender.wait_async(stream.transfer_id, budget + 2.0)
+        self.sender.forget(stream.transfer_id)
+        await self.ae.call(lambda eng: self.streams.unpin(stream))
+
+    async def _send(self, seq: PrefillSequence) -> tuple[int, float]:
+        """SENDING_KV: (blocks sent, seconds from the last push to DONE). Never returns or
+        raises while bytes may move."""
+        req, rid = seq.request, seq.request_id
         t0, tid = time.monotonic(), req.transfer_id
         budget = max(0.001, seq.deadline - t0)
-        try:
-            self.sender.send(req.endpoint, tid, src, list(req.dst_block_ids), request_id=rid,
-                             timeout_s=budget)
-        except (KVLayoutError, ValueError, RuntimeError) as err:
-            await self._release(seq)
-            status = S.PREFILL_STATUS_LAYOUT_MISMATCH if isinstance(err, KVLayoutError) \
-                else S.PREFILL_STATUS_TRANSFER_FAILED
-            raise PrefillEnded(status, f"KV transfer refused: {err}") from None
+        stream = seq.stream
+        if stream is not None:  # the rest of a streamed transfer
+            await self.ae.call(lambda eng: self.streams.finish(stream))
+            sent = stream.num_blocks
+        else:
+            table = await self.ae.call(lambda eng: self.holds.block_table(rid))
+            src = table[req.num_cached_on_decode // self.block_size:]
+            try:
+                self.sender.send(req.endpoint, tid, src, list(req.dst_block_ids),
+                                 request_id=rid, timeout_s=budget)
+            except (KVLayoutError, ValueError, RuntimeError) as err:
+                await self._release(seq)
+                status = S.PREFILL_STATUS_LAYOUT_MISMATCH if isinstance(err, KVLayoutError) \
+                    else S.PREFILL_STATUS_TRANSFER_FAILED
+                raise PrefillEnded(status, f"KV transfer refused: {err}") from None
+            sent = len(src)
         state = await self.sender.wait_async(tid, budget + 2.0)
         self.sender.forget(tid)  # fails it if somehow still in flight (NIXL cancels it)
+        if stream is not None:
+            seq.stream = None
+            await self.ae.call(lambda eng: self.streams.unpin(stream))
         seconds = time.monotonic() - t0
         if state != TransferState.DONE or seq.aborted.is_set():
             await self._release(seq)
@@ -213,7 +256,7 @@ class PrefillWorker:
                 raise PrefillEnded(S.PREFILL_STATUS_ABORTED, seq.abort_reason)
             raise PrefillEnded(S.PREFILL_STATUS_TRANSFER_FAILED, f"KV transfer ended {state.name}")
         self.metrics.transfer_seconds.observe(seconds)
-        return len(src), seconds
+        return sent, seconds
 
     async def _release(self, seq: PrefillSequence) -> bool:
         """End the hold on a sequence's blocks (to the prefix cache); idempotent."""

@@ -6,6 +6,8 @@
     holds.block_table(rid)                         the blocks to send to the decode worker
     holds.release(rid)                             to the prefix cache (the next turn hits)
     holds.abort(rid)                               any state, held or not: blocks freed
+    ids, pins = holds.pin(rid, start, stop)        one more reference on blocks a transfer
+    holds.unpin(pins)                              reads while the prompt is still prefilled
 
 Only requests added here are held, and only when they finish normally (stop or length); an
 aborted or failed request frees its blocks at once.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from baton.engine.kv_cache import Block
 from baton.engine.request import Request, RequestStatus
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
@@ -73,6 +76,19 @@ class BlockHolds:
         out = self.engine.abort_request(request_id)
         self.release(request_id)
         return out
+
+    def pin(self, request_id: str, start: int, stop: int) -> tuple[list[int], list[Block]]:
+        """Reference blocks [start, stop) of a request's block table once more, so neither
+        preemption nor an abort frees them while a transfer reads them (a prompt still being
+        prefilled sends its full blocks early). Returns (their ids, the blocks for `unpin`).
+        Raises KeyError when the request has no blocks now."""
+        blocks = self.engine.kv.requests[request_id].blocks[start:stop]
+        self.engine.kv.pool.touch(blocks)
+        return [b.block_id for b in blocks], list(blocks)
+
+    def unpin(self, blocks: list[Block]) -> None:
+        """Drop the references `pin` took (blocks no one else holds go to the free queue)."""
+        self.engine.kv.release_detached(blocks)
 
     def __len__(self) -> int:
         return len(self._held)

@@ -4,6 +4,8 @@
                                                           ep = receiver.endpoint()
                                                           receiver.expect(tid, dst_ids)
     sender.send(ep, tid, src_ids, dst_ids)  ── blocks ──▶  kv_cache[dst_ids[i]] = src kv_cache[src_ids[i]]
+  or, streamed (transports with `streams`):
+    sender.begin(ep, tid, dst_ids); sender.push(tid, src_ids[:k]); ... push(tid, rest)
     sender.poll(tid) / wait(tid) -> DONE                  receiver.poll(tid) -> DONE
     sender.forget(tid)                                    receiver.forget(tid)
 
@@ -161,6 +163,7 @@ class KVSender(_KVSide, abc.ABC):
     """
 
     transport: str
+    streams: bool = False  # begin/push/cancel stream one transfer as its blocks get ready
 
     def send(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str, src_block_ids: Sequence[int],
              dst_block_ids: Sequence[int], *, request_id: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -178,6 +181,43 @@ class KVSender(_KVSide, abc.ABC):
         if len(src) != len(dst):
             raise ValueError(f"{len(src)} src blocks for {len(dst)} dst blocks")
         self._start(endpoint, transfer_id, src, dst, request_id, time.monotonic() + timeout_s)
+
+    def begin(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str,
+              dst_block_ids: Sequence[int], *, request_id: str = "",
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Open a streamed transfer into all of dst_block_ids whose source blocks come later,
+        in order, through push() (prefill sends each chunk's full blocks while it computes
+        the next; the receiver sees one transfer, DONE once every dst block landed).
+
+        Same checks and timeout as send(); NotImplementedError when `streams` is False (the
+        caller then sends once, at the end).
+        """
+        if not self.streams:
+            raise NotImplementedError(f"{type(self).__name__} sends whole transfers only")
+        self._check_endpoint(endpoint)
+        dst = check_block_ids(dst_block_ids, endpoint.num_blocks, "dst_block_ids")
+        self._begin(endpoint, transfer_id, dst, request_id, time.monotonic() + timeout_s)
+
+    def push(self, transfer_id: str, src_block_ids: Sequence[int]) -> None:
+        """Send the next len(src_block_ids) source blocks of a begun transfer into its next
+        dst blocks; returns without waiting. The push that reaches the last dst block ends
+        the stream. The src blocks must stay unchanged until the transfer's state is final.
+        A push to a transfer already final is ignored. Raises KeyError for an unknown
+        transfer_id, ValueError for bad ids or more blocks than the transfer has left."""
+        src = check_block_ids(src_block_ids, self.num_blocks, "src_block_ids")
+        self._push_blocks(transfer_id, src)
+
+    def cancel(self, transfer_id: str) -> None:
+        """Stop a begun transfer; poll() turns final (CANCELLED, or the state it reached
+        first) once no more bytes can move. No-op for an unknown or final transfer."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream")
+
+    def _begin(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str,
+               dst: list[int], request_id: str, deadline: float) -> None:
+        raise NotImplementedError
+
+    def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
+        raise NotImplementedError
 
     @abc.abstractmethod
     def poll(self, transfer_id: str) -> TransferState:

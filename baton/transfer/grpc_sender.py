@@ -1,5 +1,10 @@
 """gRPC transport, prefill side: `GrpcSender` streams packed blocks to the decode worker's
-KVTransfer service on a private asyncio loop (see grpc.py for the protocol and threading)."""
+KVTransfer service on a private asyncio loop (see grpc.py for the protocol and threading).
+
+Streamed transfers (begin/push): the PushBlocks stream opens at begin(); each push() queues
+its (src, dst) blocks to the loop, where they are packed and sent as they come; the push
+that reaches the last dst block closes the request stream. The receiver sees an ordinary
+transfer (it accepts any not-yet-written whole blocks in any chunk)."""
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +32,11 @@ class _Push:
     deadline: float
     state: TransferState = TransferState.IN_PROGRESS
     future: concurrent.futures.Future | None = None
+    dst: list[int] | None = None      # streamed: every dst block; the rest come by push()
+    pushed: int = 0                   # streamed: dst blocks handed to the loop so far
+    parts: asyncio.Queue | None = None  # streamed: (src, dst) parts, None ends (loop thread)
+    task: asyncio.Task | None = None  # streamed: the push task, once it runs (loop thread)
+    cancelled: bool = False           # streamed: cancel() came (loop thread)
 
 
 class GrpcSender(KVSender):
@@ -34,6 +44,7 @@ class GrpcSender(KVSender):
     server's max_receive_message_length, 4 MiB by default)."""
 
     transport = "grpc"
+    streams = True
 
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
@@ -57,9 +68,48 @@ class GrpcSender(KVSender):
             if not src:
                 x.state = TransferState.DONE
                 return
-            chunks = self._chunks(request_id, transfer_id, src, dst)
+            chunks = self._chunks(request_id, transfer_id, src, dst, True)
+            coro = self._push(endpoint.grpc.address, transfer_id, _aiter(chunks), x)
+            x.future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
+        with self._lock:
+            if self._loop.is_closed():
+                raise RuntimeError("GrpcSender is closed")
+            if transfer_id in self._xfers:
+                raise ValueError(f"transfer {transfer_id!r} is already live")
+            x = self._xfers[transfer_id] = _Push(deadline, dst=dst, parts=asyncio.Queue())
+            if not dst:
+                x.state = TransferState.DONE
+                return
+            chunks = self._streamed(request_id, transfer_id, x.parts)
             coro = self._push(endpoint.grpc.address, transfer_id, chunks, x)
             x.future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
+        with self._lock:
+            x = self._xfers[transfer_id]
+            if x.dst is None:
+                raise ValueError(f"transfer {transfer_id!r} was not begun")
+            if len(src) > len(x.dst) - x.pushed:
+                raise ValueError(f"{len(src)} blocks pushed, {len(x.dst) - x.pushed} left")
+            if x.state.finished or not src:
+                return
+            dst, x.pushed = x.dst[x.pushed:x.pushed + len(src)], x.pushed + len(src)
+            self._loop.call_soon_threadsafe(x.parts.put_nowait, (src, dst))
+            if x.pushed == len(x.dst):
+                self._loop.call_soon_threadsafe(x.parts.put_nowait, None)
+
+    def cancel(self, transfer_id: str) -> None:
+        with self._lock:
+            x = self._xfers.get(transfer_id)
+            if x is not None and not x.state.finished and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._cancel_on_loop, x)
+
+    def _cancel_on_loop(self, x: _Push) -> None:
+        x.cancelled = True  # a task not yet running sees it first thing and ends
+        if x.task is not None:
+            x.task.cancel()
 
     def poll(self, transfer_id: str) -> TransferState:
         with self._lock:
@@ -101,9 +151,21 @@ class GrpcSender(KVSender):
             await channel.close(grace=None)
         self._stubs.clear()
 
-    def _chunks(self, request_id: str, tid: str, src: list[int], dst: list[int]) -> Iterator[transfer_pb2.KVChunk]:
-        """KVChunks of whole blocks (or slices of one block when a block exceeds a chunk)."""
-        first = {"layout_hash": self.layout_hash, "block_bytes": self.block_bytes}
+    async def _streamed(self, request_id: str, tid: str,
+                        parts: asyncio.Queue) -> AsyncIterator[transfer_pb2.KVChunk]:
+        """The KVChunks of a streamed transfer, packed as its parts are pushed."""
+        first = True
+        while (part := await parts.get()) is not None:
+            for chunk in self._chunks(request_id, tid, *part, first):
+                yield chunk
+            first = False
+
+    def _chunks(self, request_id: str, tid: str, src: list[int], dst: list[int],
+                first_of_stream: bool) -> Iterator[transfer_pb2.KVChunk]:
+        """KVChunks of whole blocks (or slices of one block when a block exceeds a chunk);
+        the stream's first chunk carries the layout hash and block size."""
+        first = {"layout_hash": self.layout_hash, "block_bytes": self.block_bytes} \
+            if first_of_stream else {}
         per_chunk = max(1, self.chunk_bytes // self.block_bytes)
         for i in range(0, len(src), per_chunk):
             ids = torch.tensor(src[i:i + per_chunk], dtype=torch.int64, device=self.kv_cache.device)
@@ -115,11 +177,15 @@ class GrpcSender(KVSender):
                     data=data[offset:offset + step], **first)
                 first = {}
 
-    async def _push(self, address: str, tid: str, chunks: Iterator[transfer_pb2.KVChunk], x: _Push) -> None:
+    async def _push(self, address: str, tid: str, chunks: AsyncIterator[transfer_pb2.KVChunk],
+                    x: _Push) -> None:
         state = TransferState.FAILED
         try:
+            x.task = asyncio.current_task()
+            if x.cancelled:
+                raise asyncio.CancelledError
             timeout = max(0.0, x.deadline - time.monotonic())
-            ack = await self._stub(address).PushBlocks(_aiter(chunks), timeout=timeout)
+            ack = await self._stub(address).PushBlocks(chunks, timeout=timeout)
             state = TransferState.DONE if ack.complete else TransferState.FAILED
         except asyncio.CancelledError:
             state = TransferState.CANCELLED

@@ -1,10 +1,11 @@
 """In-process transport, for unit tests only: a block copy between two kv_caches of one process.
 
 Receivers register under a name (InprocEndpoint.name); a sender copies with pack/unpack and
-marks both sides DONE. With auto_complete=False a transfer stays IN_PROGRESS until the test
+marks both sides DONE. A streamed transfer (begin/push) is copied a push at a time, in order;
+the receiver turns DONE with the last dst block. With auto_complete=False a transfer stays IN_PROGRESS until the test
 calls complete(tid) or fail(tid), so scheduler tests can hold a request in its
 waiting-for-KV state for exactly as many steps as they like. The receiver also checks that the
-sender's dst blocks are exactly the ones it expected, which catches block bookkeeping bugs.
+sender's dst blocks are exactly the next ones it expected, which catches block bookkeeping bugs.
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ class InprocReceiver(KVReceiver):
         if self.name in _RECEIVERS:
             raise ValueError(f"an inproc receiver named {self.name!r} exists")
         _RECEIVERS[self.name] = self
+        self._landed: dict[str, int] = {}  # transfer id -> dst blocks written so far
+
+    def forget(self, transfer_id: str) -> None:
+        with self._lock:
+            self._transfers.pop(transfer_id, None)
+            self._landed.pop(transfer_id, None)
 
     def endpoint(self) -> transfer_pb2.TransferEndpoint:
         return self._endpoint(inproc=transfer_pb2.InprocEndpoint(name=self.name))
@@ -42,16 +49,20 @@ class InprocReceiver(KVReceiver):
             del _RECEIVERS[self.name]
 
     def _deliver(self, tid: str, src_cache: torch.Tensor, src: list[int], dst: list[int]) -> TransferState:
+        """Copy the next part of a transfer (dst: the next expected dst blocks, in order)."""
         with self._lock:
             t = self._transfers.get(tid)
-            if t is None or t.state.finished or t.dst_block_ids != dst:
+            off = self._landed.get(tid, 0)
+            if t is None or t.state.finished or t.dst_block_ids[off:off + len(dst)] != dst:
                 if t is not None and not t.state.finished:
                     t.state = TransferState.FAILED
                 return TransferState.FAILED
             packed = pack_blocks(src_cache, torch.tensor(src, dtype=torch.int64, device=src_cache.device))
             dst_ids = torch.tensor(dst, dtype=torch.int64, device=self.kv_cache.device)
             unpack_blocks(packed.to(self.kv_cache.device), self.kv_cache, dst_ids)
-            t.state = TransferState.DONE
+            self._landed[tid] = off = off + len(dst)
+            done = off == len(t.dst_block_ids)
+            t.state = TransferState.DONE if done else TransferState.IN_PROGRESS
             return t.state
 
     def _fail(self, tid: str) -> None:
@@ -64,16 +75,18 @@ class InprocReceiver(KVReceiver):
 @dataclass
 class _Held:
     receiver: str
-    src: list[int]
-    dst: list[int]
+    src: list[int]     # pushed so far (all of them for send())
+    dst: list[int]     # every dst block of the transfer
     deadline: float
     state: TransferState = TransferState.IN_PROGRESS
+    copied: int = 0    # blocks delivered to the receiver
 
 
 class InprocSender(KVSender):
     """Prefill side. auto_complete=False holds every transfer until complete()/fail()."""
 
     transport = "inproc"
+    streams = True
 
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, auto_complete: bool = True) -> None:
         super().__init__(kv_cache, layout)
@@ -90,16 +103,46 @@ class InprocSender(KVSender):
         if self.auto_complete:
             self.complete(transfer_id)
 
-    def complete(self, transfer_id: str) -> TransferState:
-        """Copy the blocks now; DONE, or FAILED when the receiver is gone or disagrees."""
+    def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
+        with self._lock:
+            if transfer_id in self._xfers:
+                raise ValueError(f"transfer {transfer_id!r} is already live")
+            x = self._xfers[transfer_id] = _Held(endpoint.inproc.name, [], dst, deadline)
+            if not dst:
+                x.state = TransferState.DONE
+
+    def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
         with self._lock:
             x = self._xfers[transfer_id]
+            if len(src) > len(x.dst) - len(x.src):
+                raise ValueError(f"{len(src)} blocks pushed, {len(x.dst) - len(x.src)} left")
             if x.state.finished:
+                return
+            x.src.extend(src)
+        if self.auto_complete:
+            self.complete(transfer_id)
+
+    def complete(self, transfer_id: str) -> TransferState:
+        """Copy the blocks pushed and not yet copied now; DONE once all are, FAILED when the
+        receiver is gone or disagrees."""
+        with self._lock:
+            x = self._xfers[transfer_id]
+            if x.state.finished or x.copied == len(x.src):
                 return x.state
             receiver = _RECEIVERS.get(x.receiver)
+            part = slice(x.copied, len(x.src))
             x.state = TransferState.FAILED if receiver is None else receiver._deliver(
-                transfer_id, self.kv_cache, x.src, x.dst)
+                transfer_id, self.kv_cache, x.src[part], x.dst[part])
+            x.copied = len(x.src)
             return x.state
+
+    def cancel(self, transfer_id: str) -> None:
+        with self._lock:
+            x = self._xfers.get(transfer_id)
+            if x is not None and not x.state.finished:
+                x.state = TransferState.CANCELLED
+                if (receiver := _RECEIVERS.get(x.receiver)) is not None:
+                    receiver._fail(transfer_id)
 
     def fail(self, transfer_id: str) -> None:
         """End the transfer FAILED on both sides, copying nothing."""

@@ -41,6 +41,9 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._idle_wait_s = idle_wait_s
         self.num_steps = 0
+        # Called on the engine thread after every step (e.g. to send the KV blocks that step
+        # completed); an exception it raises is logged, never fails the step's requests.
+        self.after_step: Callable[[LLMEngine], None] | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -144,6 +147,7 @@ class AsyncEngine:
             except Exception as exc:  # noqa: BLE001 - keep serving the other requests
                 logger.exception("engine step failed")
                 outputs = self._fail_running(repr(exc))
+            self._after_step()
             if outputs:
                 self._loop.call_soon_threadsafe(self.deliver, outputs)
 
@@ -153,6 +157,14 @@ class AsyncEngine:
             self.engine.restore_sessions()
         except Exception:  # noqa: BLE001 - the thread must outlive any one failure
             logger.exception("restoring session blocks failed")
+
+    def _after_step(self) -> None:
+        if self.after_step is None:
+            return
+        try:
+            self.after_step(self.engine)
+        except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+            logger.exception("after_step hook failed")
 
     def _fail_running(self, error: str) -> list[StepOutput]:
         try:
