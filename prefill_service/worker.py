@@ -216,11 +216,13 @@ class PrefillWorker:
         stream, seq.stream = seq.stream, None
         if stream is None:
             return
-        await self.ae.call(lambda eng: self.streams.stop(stream))
-        budget = max(0.001, seq.deadline - time.monotonic())
-        await self.sender.wait_async(stream.transfer_id, budget + 2.0)
-        self.sender.forget(stream.transfer_id)
-        await self.ae.call(lambda eng: self.streams.unpin(stream))
+        try:
+            await self.ae.call(lambda eng: self.streams.stop(stream))
+            budget = max(0.001, seq.deadline - time.monotonic())
+            await self.sender.wait_async(stream.transfer_id, budget + 2.0)
+        finally:  # even after a bug here: like the held blocks, the pins must not leak
+            self.sender.forget(stream.transfer_id)
+            await self.ae.call(lambda eng: self.streams.unpin(stream))
 
     async def _send(self, seq: PrefillSequence) -> tuple[int, float]:
         """SENDING_KV: (blocks sent, seconds from the last push to DONE). Never returns or
