@@ -188,3 +188,44 @@ def test_cross_process():
     finally:
         remote.stop()
         sender.close()
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 300])  # whole blocks / slices of one
+async def test_streamed_pushes_land_bit_exact_and_done_after_the_last(decode, prefill, chunk_bytes):
+    (receiver, dst), (sender, src) = decode, prefill
+    if chunk_bytes:
+        sender.chunk_bytes = chunk_bytes
+    before = dst.clone()
+    src_ids, dst_ids = [5, 9, 2, 31, 30], [0, 7, 8, 3, 31]
+    receiver.expect("s1", dst_ids, timeout_s=10)
+    sender.begin(receiver.endpoint(), "s1", dst_ids, request_id="r1", timeout_s=10)
+    sender.push("s1", src_ids[:2])
+    deadline = time.monotonic() + 10
+    while receiver.poll("s1") != TransferState.IN_PROGRESS and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert sender.poll("s1") == TransferState.IN_PROGRESS  # 3 blocks still to come
+    with pytest.raises(ValueError):
+        sender.push("s1", [1, 2, 3, 4])  # more than the transfer has left
+    sender.push("s1", src_ids[2:3])
+    sender.push("s1", src_ids[3:])
+    assert await sender.wait_async("s1", 10) == TransferState.DONE
+    assert receiver.poll("s1") == TransferState.DONE
+    assert_moved(dst, before, src, src_ids, dst_ids)
+
+
+@pytest.mark.parametrize("pushed", [0, 2])
+async def test_cancelled_stream_ends_on_both_sides(decode, prefill, pushed):
+    (receiver, dst), (sender, src) = decode, prefill
+    receiver.expect("s2", [1, 2, 3], timeout_s=10)
+    sender.begin(receiver.endpoint(), "s2", [1, 2, 3], timeout_s=10)
+    deadline = time.monotonic() + 10
+    if pushed:  # cancelled once the receiver has the first blocks
+        sender.push("s2", [4, 5])
+        while receiver.poll("s2") != TransferState.IN_PROGRESS and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    sender.cancel("s2")
+    assert await sender.wait_async("s2", 10) == TransferState.CANCELLED
+    sender.push("s2", [6])  # ignored once final
+    while pushed and receiver.poll("s2") != TransferState.FAILED and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert receiver.poll("s2") == (TransferState.FAILED if pushed else TransferState.PENDING)

@@ -70,3 +70,40 @@ def test_factories_check_kind_and_layout(caches):
         make_sender("inproc", dst, kv_layout(MODEL, torch.zeros(4, 2, 2, 8, 2, 8)))  # block_size differs
     with pytest.raises(KVLayoutError):
         make_sender("inproc", dst.transpose(3, 4).contiguous().transpose(3, 4), kv_layout(MODEL, dst))
+
+
+def test_streamed_pushes_copy_in_order_and_cancel_fails_the_receiver(caches):
+    dst, src = caches
+    receiver = make_receiver("inproc", dst, kv_layout(MODEL, dst))
+    sender = make_sender("inproc", src, kv_layout(MODEL, src))
+    before = dst.clone()
+    receiver.expect("s", [3, 1, 30])
+    sender.begin(receiver.endpoint(), "s", [3, 1, 30])
+    sender.push("s", [0, 5])
+    assert sender.poll("s") == receiver.poll("s") == TransferState.IN_PROGRESS
+    assert_moved(dst, before, src, [0, 5], [3, 1])
+    with pytest.raises(ValueError):
+        sender.push("s", [7, 8])  # one block is left
+    sender.push("s", [6])
+    assert sender.poll("s") == receiver.poll("s") == TransferState.DONE
+    assert_moved(dst, before, src, [0, 5, 6], [3, 1, 30])
+    receiver.expect("c", [2, 4])
+    sender.begin(receiver.endpoint(), "c", [2, 4])
+    sender.push("c", [9])
+    sender.cancel("c")
+    assert sender.poll("c") == TransferState.CANCELLED and receiver.poll("c") == TransferState.FAILED
+    receiver.close()
+
+
+def test_only_streaming_senders_begin(caches):
+    from baton.transfer.nixl_sender import NixlSender
+    assert not NixlSender.streams
+    dst, src = caches
+    receiver = make_receiver("inproc", dst, kv_layout(MODEL, dst))
+    sender = make_sender("nixl", src, kv_layout(MODEL, src))
+    try:
+        with pytest.raises(NotImplementedError):
+            sender.begin(receiver.endpoint(), "n", [1])
+    finally:
+        sender.close()
+        receiver.close()
