@@ -59,7 +59,8 @@ def test_pins_survive_a_preemption_and_the_stream_decodes_exactly(pair, tiny_lla
     req = prefill.get_request("r")
     prefill.scheduler.running.remove(req)  # what _allocate_or_preempt does to a victim
     prefill.scheduler._preempt(req)
-    assert not pinned & set(prefill.kv.pool.free_queue)  # still referenced by the pins
+    assert all(prefill.kv.pool.blocks[b].ref_cnt == 1 for b in pinned)  # the pins' refs
+    assert prefill.kv.num_free_blocks == prefill.kv.num_blocks - 2
     first = []
     for _ in range(20):
         first += [o.new_token_ids[0] for o in _step(prefill, streams) if o.request_id == "r"]

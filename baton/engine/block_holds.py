@@ -80,7 +80,8 @@ class BlockHolds:
     def pin(self, request_id: str, start: int, stop: int) -> tuple[list[int], list[Block]]:
         """Reference blocks [start, stop) of a request's block table once more, so neither
         preemption nor an abort frees them while a transfer reads them (a prompt still being
-        prefilled sends its full blocks early). Returns (their ids, the blocks for `unpin`).
+        prefilled sends its full blocks early; a plain extra ref_cnt, not a session pin).
+        Returns (their ids, the blocks for `unpin`).
         Raises KeyError when the request has no blocks now."""
         blocks = self.engine.kv.requests[request_id].blocks[start:stop]
         self.engine.kv.pool.touch(blocks)
