@@ -18,7 +18,7 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0", "--api-key", "k",
               "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
               "--kv-host-tier-bytes", "4096", "--kv-disk-tier-dir", "/tmp/t",
-              "--kv-disk-tier-bytes", "8192"]
+              "--kv-disk-tier-bytes", "8192", "--slo-ttft-ms", "1500"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -56,3 +56,4 @@ def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
     assert (cfg.grpc_port, cfg.api_key) == (up.grpc_port, up.api_key)
     assert (cfg.max_model_len, cfg.block_size) == (up.max_model_len, up.block_size)
     assert cfg.shutdown_grace_s == up.shutdown_grace_s
+    assert cfg.slo_ttft_ms == up.slo_ttft_ms  # None (admission off) unless given

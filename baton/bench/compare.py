@@ -14,6 +14,9 @@ stopped. Configurations and the reference each is compared with:
                     (`--tier-num-blocks`) over a host-memory KV tier
                     (`--tier-host-bytes`): evicted session prefixes are loaded back
     no-tiers        the same worker and pool, no tier: evicted prefixes recomputed (reference)
+    admission       disaggregated, the gateway rejecting (429 + Retry-After)   vs disaggregated
+                    requests predicted to miss the TTFT SLO (`--slo-ttft`, the same SLO
+                    goodput is judged by): compare goodput under an overload burst
     hf              plain transformers, one request at a time, on a short slice
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.
@@ -41,7 +44,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from baton.bench.agentx import HarnessFailed
@@ -54,6 +57,13 @@ from baton.bench.args import (
     load_workload,
 )
 from baton.bench.client import RequestRecord
+from baton.bench.configs import (
+    CONFIGS,
+    ROUTING_NUM_BLOCKS,
+    TIER_HOST_BYTES,
+    TIER_NUM_BLOCKS,
+    spec_for,
+)
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.plots import plot_cdfs
@@ -72,44 +82,6 @@ from baton.bench.report import (
 from baton.bench.runner import RunConfig, run_workload
 from baton.bench.server_info import client_version, probe_server
 from baton.bench.workload import Session, describe
-
-_D, _C = "disaggregated", "colocated"
-ROUTING_NUM_BLOCKS = 640
-CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
-    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session",
-                                 extra_args=("--pin", "split")), "colocated"),
-    "colocated": (ServerSpec("colocated", mode=_C, routing="session",
-                             extra_args=("--threads", "2")), None),
-    "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
-    "kv": (ServerSpec("kv", mode=_C, routing="kv", num_decode=2), "round-robin"),
-    "round-robin": (ServerSpec("round-robin", mode=_C, routing="round-robin", num_decode=2), None),
-    "tiers": (ServerSpec("tiers", mode=_C, routing="session",
-                         extra_args=("--threads", "2")), "no-tiers"),
-    "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
-                            extra_args=("--threads", "2")), None),
-    "hf": (ServerSpec("hf", kind="hf"), None),
-}
-ROUTING = ("session", "kv", "round-robin")
-TIERED = ("tiers", "no-tiers")
-TIER_NUM_BLOCKS = 256
-TIER_HOST_BYTES = 4 << 30
-
-
-def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS,
-             routing_workers: int = 2, tier_num_blocks: int = TIER_NUM_BLOCKS,
-             tier_host_bytes: int = TIER_HOST_BYTES) -> ServerSpec:
-    """The configuration's server; routing ones get `routing_workers` pinned workers, each
-    with the bounded pool; the tier pair gets the small pool, "tiers" a host tier below it."""
-    spec = CONFIGS[name][0]
-    if name in TIERED:
-        tier = ("--kv-host-tier-bytes", str(tier_host_bytes)) if name == "tiers" else ()
-        spec = replace(spec, extra_args=spec.extra_args + (
-            "--num-blocks", str(tier_num_blocks), *tier))
-    if name in ROUTING:
-        spec = replace(spec, num_decode=routing_workers, extra_args=spec.extra_args + (
-            "--pin", "split", "--num-blocks", str(routing_num_blocks)))
-    return spec
-
 
 SLICE = "baton-slice"
 
@@ -210,7 +182,7 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
     return [(n, spec_for(n, args.routing_num_blocks, args.routing_workers,
-                         args.tier_num_blocks, args.tier_host_bytes), None)
+                         args.tier_num_blocks, args.tier_host_bytes, args.slo_ttft), None)
             for n in names]
 
 

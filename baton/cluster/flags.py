@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="disk KV tier below the host tier: each worker makes a fresh folder here")
     p.add_argument("--kv-disk-tier-bytes", type=int, default=None,
                    help="disk KV tier budget per worker (with --kv-disk-tier-dir)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="gateway: answer 429 + Retry-After to a request whose predicted "
+                        "TTFT exceeds this (default: no admission control)")
     p.add_argument("--prefill-max-seconds", type=float, default=None,
                    help="decode: cap of one remote prefill, and so of how long blocks an "
                         "unconfirmed transfer may still write stay held (default: decode's)")

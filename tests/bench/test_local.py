@@ -89,3 +89,16 @@ def test_compare_tier_pair_differs_only_in_the_host_tier():
     assert "--kv-host-tier-bytes" not in without
     up = build_parser().parse_args(with_tier[with_tier.index("up") + 1:])
     assert (up.kv_host_tier_bytes, up.num_blocks) == (1 << 20, 200)
+
+
+def test_compare_admission_is_disaggregated_with_the_bench_slo():
+    """"admission" = "disaggregated" plus the gateway's TTFT SLO, set from the bench's own
+    --slo-ttft (seconds → ms), so goodput judges requests by the SLO admission predicts."""
+    from baton.bench.compare import spec_for
+    from baton.cluster.up import build_parser
+    adm = spec_for("admission", slo_ttft_s=1.5).argv("m", 1)
+    base = spec_for("disaggregated").argv("m", 1)
+    assert adm[adm.index("--slo-ttft-ms") + 1] == "1500"
+    assert [a for a in adm if a not in ("--slo-ttft-ms", "1500")] == base
+    up = build_parser().parse_args(adm[adm.index("up") + 1:])
+    assert up.slo_ttft_ms == 1500.0

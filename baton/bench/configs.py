@@ -1,0 +1,55 @@
+"""`baton bench compare`'s configurations: each one's server (a `baton up` command line, or
+the transformers baseline) and the configuration it is compared with (compare.py's docstring
+lists them)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from baton.bench.local import ServerSpec
+
+_D, _C = "disaggregated", "colocated"
+ROUTING_NUM_BLOCKS = 640
+CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
+    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session",
+                                 extra_args=("--pin", "split")), "colocated"),
+    "colocated": (ServerSpec("colocated", mode=_C, routing="session",
+                             extra_args=("--threads", "2")), None),
+    "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
+    "kv": (ServerSpec("kv", mode=_C, routing="kv", num_decode=2), "round-robin"),
+    "round-robin": (ServerSpec("round-robin", mode=_C, routing="round-robin", num_decode=2), None),
+    "tiers": (ServerSpec("tiers", mode=_C, routing="session",
+                         extra_args=("--threads", "2")), "no-tiers"),
+    "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
+                            extra_args=("--threads", "2")), None),
+    "admission": (ServerSpec("admission", mode=_D, routing="session",
+                             extra_args=("--pin", "split")), "disaggregated"),
+    "hf": (ServerSpec("hf", kind="hf"), None),
+}
+ROUTING = ("session", "kv", "round-robin")
+TIERED = ("tiers", "no-tiers")
+TIER_NUM_BLOCKS = 256
+TIER_HOST_BYTES = 4 << 30
+SLO_TTFT_S = 2.0  # the bench's --slo-ttft default
+
+
+def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS,
+             routing_workers: int = 2, tier_num_blocks: int = TIER_NUM_BLOCKS,
+             tier_host_bytes: int = TIER_HOST_BYTES,
+             slo_ttft_s: float = SLO_TTFT_S) -> ServerSpec:
+    """The configuration's server; routing ones get `routing_workers` pinned workers, each
+    with the bounded pool; the tier pair gets the small pool, "tiers" a host tier below it;
+    "admission" is "disaggregated" whose gateway rejects (429) a request predicted to miss
+    the TTFT SLO `slo_ttft_s` (seconds: the bench's own --slo-ttft, so the requests it
+    admits are judged by the SLO it predicts for)."""
+    spec = CONFIGS[name][0]
+    if name == "admission":
+        spec = replace(spec, extra_args=spec.extra_args + (
+            "--slo-ttft-ms", f"{slo_ttft_s * 1000:g}"))
+    if name in TIERED:
+        tier = ("--kv-host-tier-bytes", str(tier_host_bytes)) if name == "tiers" else ()
+        spec = replace(spec, extra_args=spec.extra_args + (
+            "--num-blocks", str(tier_num_blocks), *tier))
+    if name in ROUTING:
+        spec = replace(spec, num_decode=routing_workers, extra_args=spec.extra_args + (
+            "--pin", "split", "--num-blocks", str(routing_num_blocks)))
+    return spec
