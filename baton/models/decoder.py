@@ -9,8 +9,10 @@ decode steps of <= 16 tokens stream the weights at the memory-read floor; prefil
 GEMM); other dtypes, or a machine where the extension does not build, keep the torch layout
 ((in, out), the big matrices as two column halves, see linear.py).
 
-On CPU each step first builds a `kernels.paged_cpu.PagedAttentionPlan` (every cache index
-derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
+A CPU step of decode tokens only, with the native extension built and no per-head q/k norm, runs
+each layer's rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/V
+read in place through the block table). Other CPU steps first build a
+`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
 the caches, each small torch op costs 40–100 µs here, so the per-layer op count is what the
 decode step time is made of beyond the weight reads.
 
@@ -29,6 +31,7 @@ from safetensors.torch import load_file
 
 import kernels
 from baton.models.linear import Linear, use_native_gemv
+from kernels import cpu_decode
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -152,6 +155,10 @@ class DecoderModel:
         # rows may exceed config.vocab_size (padded vocab); a tied fp32 one shares `embed`'s memory
         self.lm_head = Linear(lm_head.to(dtype), self.native_gemv, split=True)
         self._cos, self._sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
+        # the fused CPU decode op (kernels.cpu_decode): fp32 with the native extension built; its
+        # rotary comes right after the q/k/v projection, so not with Qwen3's per-head q/k norm
+        self.fused_decode = (self.native_gemv and cpu_decode.available()
+                             and all(layer.q_norm is None for layer in self.layers))
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -179,6 +186,9 @@ class DecoderModel:
                 meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
+        if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
+                and cpu_decode.supported(kv_cache, s.num_heads)):
+            return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         q_width = s.num_heads * s.head_size
@@ -207,6 +217,27 @@ class DecoderModel:
             h = h + layer.o(attn.view(-1, q_width))
             x = _rms_norm(h, layer.post_norm, self.eps)
             gate, up = layer.gate_up(x).chunk(2, dim=1)  # [T, I] each
+            h = h + layer.down(self.act(gate) * up)
+        return _rms_norm(h, self.norm, self.eps)
+
+    def _forward_decode_cpu(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                            meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """`forward` for a CPU step of decode tokens only: per layer the same math with rotary,
+        KV write and attention in one native call (`kernels.cpu_decode.decode_attention`)."""
+        s = self.shape
+        positions, slots = positions.long().contiguous(), meta.slot_mapping.long().contiguous()
+        tables = meta.decode_block_tables.int().contiguous()
+        lens = meta.decode_context_lens.int().contiguous()
+        h = self.embed[input_ids]
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(_rms_norm(h, layer.input_norm, self.eps))
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
+                                               kv_cache, i, slots, tables, lens, self.scale,
+                                               s.num_heads)
+            h = h + layer.o(attn)
+            gate, up = layer.gate_up(_rms_norm(h, layer.post_norm, self.eps)).chunk(2, dim=1)
             h = h + layer.down(self.act(gate) * up)
         return _rms_norm(h, self.norm, self.eps)
 
