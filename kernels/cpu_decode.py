@@ -1,4 +1,5 @@
-"""Fused fp32 CPU decode attention: rotary + KV-cache write + paged attention in one native call.
+"""Fused fp32 CPU decode ops: rotary + KV-cache write + paged attention in one native call, and
+residual add + RMSNorm, SiLU·mul (each beside its torch reference).
 
     qkv [T, (Hq + 2·Hkv)·D] fp32     one decode token per sequence (rows: q heads, k heads, v heads)
     cos, sin_signed [max_pos, D]     rotary tables (sin's first half negated, see decoder._rotate)
@@ -9,9 +10,11 @@
 On CPU the torch path of a decode layer is ~15 small ops (rotary, cat, index_copy_, index_select
 of every context, view/transpose, SDPA); after a layer's GEMVs each costs 5-50 µs here, and the
 gather copies each sequence's K and V before SDPA reads them again. `kernels/csrc/cpu_decode.cpp`
-does it in one pass per (token, KV head), reading K/V in place through the block table; the
-rotated q/k are bit-identical to the torch path's, attention agrees to fp32 rounding (softmax
-summed in another order; exp to ~1 ulp). Built into the `kernels.gemv` extension.
+does it in one pass per token, reading K/V in place through the block table; the rotated q/k are
+bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
+order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
+pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
+All are built into the `kernels.gemv` extension.
 """
 from __future__ import annotations
 
@@ -85,3 +88,42 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
     ext.decode_attention_out(qkv, cos, sin_signed, positions, kv_cache, layer, slot_mapping,
                              block_tables, context_lens, scale, num_heads, out, isa)
     return out
+
+
+def add_rms_norm_ref(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """Torch reference: h += r in place (if r is given), then transformers' LlamaRMSNorm of h."""
+    if r is not None:
+        h += r
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float,
+                 isa: int = ISA_BEST) -> torch.Tensor:
+    """Native `add_rms_norm_ref`: h [T, H] fp32 contiguous (updated in place when r [T, H] is
+    given), w [H] → [T, H]. RuntimeError on a wrong shape/dtype or without the extension."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    out = torch.empty_like(h)
+    ext.add_rms_norm_out(h, _EMPTY if r is None else r, w, eps, out, isa)
+    return out
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """Torch reference: [T, 2I] = [gate | up] → silu(gate) · up [T, I]."""
+    gate, up = gate_up.chunk(2, dim=1)
+    return F.silu(gate) * up
+
+
+def silu_mul(gate_up: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
+    """Native `silu_mul_ref` (fp32 contiguous [T, 2I] → [T, I]); RuntimeError as above."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=torch.float32)
+    ext.silu_mul_out(gate_up, out, isa)
+    return out
+
+
+_EMPTY = torch.empty(0)

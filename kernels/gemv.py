@@ -34,9 +34,10 @@ MAX_ROWS = 16  # above this the step is a prefill: torch's GEMM is at parity the
 ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
 
 _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
-# one extension, two sources: gemv.cpp (its module init registers cpu_decode.cpp's ops too,
-# used by kernels/cpu_decode.py)
-_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp"]
+# one extension: gemv.cpp's module init also registers the ops of cpu_decode.cpp and
+# cpu_norm.cpp (used by kernels/cpu_decode.py); the build key hashes the header too
+_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp", _SOURCE.parent / "cpu_norm.cpp"]
+_HASHED = _SOURCES + [_SOURCE.parent / "simd_exp.h"]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False
@@ -49,7 +50,7 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def build_dir() -> Path:
     """Cache folder of this source's build: keyed by the sources' bytes, torch version, machine."""
-    key = hashlib.sha256(b"".join(f.read_bytes() for f in _SOURCES) + torch.__version__.encode()
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in _HASHED) + torch.__version__.encode()
                          + platform.machine().encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "baton" / "ext" / f"gemv-{key}"
 

@@ -159,6 +159,7 @@ class DecoderModel:
         # rotary comes right after the q/k/v projection, so not with Qwen3's per-head q/k norm
         self.fused_decode = (self.native_gemv and cpu_decode.available()
                              and all(layer.q_norm is None for layer in self.layers))
+        self._silu = cfg.hidden_act == "silu"
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -223,23 +224,31 @@ class DecoderModel:
     def _forward_decode_cpu(self, input_ids: torch.Tensor, positions: torch.Tensor,
                             meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """`forward` for a CPU step of decode tokens only: per layer the same math with rotary,
-        KV write and attention in one native call (`kernels.cpu_decode.decode_attention`)."""
+        KV write and attention in one native call (`kernels.cpu_decode.decode_attention`), each
+        residual add fused with the RMSNorm after it, and SiLU·mul in one call."""
         s = self.shape
         positions, slots = positions.long().contiguous(), meta.slot_mapping.long().contiguous()
         tables = meta.decode_block_tables.int().contiguous()
         lens = meta.decode_context_lens.int().contiguous()
-        h = self.embed[input_ids]
+        h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
+        x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(_rms_norm(h, layer.input_norm, self.eps))
+            qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
                                                kv_cache, i, slots, tables, lens, self.scale,
                                                s.num_heads)
-            h = h + layer.o(attn)
-            gate, up = layer.gate_up(_rms_norm(h, layer.post_norm, self.eps)).chunk(2, dim=1)
-            h = h + layer.down(self.act(gate) * up)
-        return _rms_norm(h, self.norm, self.eps)
+            x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
+            gate_up = layer.gate_up(x)
+            if self._silu:
+                act = cpu_decode.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=1)
+                act = self.act(gate) * up
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x = cpu_decode.add_rms_norm(h, layer.down(act), nxt, self.eps)
+        return x
 
     def _attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -90,3 +90,38 @@ def test_bad_index_raises_before_writing(bad: str) -> None:
     with pytest.raises(RuntimeError, match="cpu_decode"):
         cd.decode_attention(qkv, cos, sin, pos, cache, 0, slots, tables, ctx, 0.125, 9)
     assert torch.equal(cache, before)
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("rows,width", [(1, 576), (8, 576), (3, 37), (2, 16)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_add_rms_norm(isa: int, rows: int, width: int, residual: bool) -> None:
+    g = torch.Generator().manual_seed(width + rows)
+    h, r = torch.randn(rows, width, generator=g) * 3, torch.randn(rows, width, generator=g)
+    w = torch.randn(width, generator=g)
+    h_ref = h.clone()
+    want = cd.add_rms_norm_ref(h_ref, r if residual else None, w, 1e-5)
+    got = cd.add_rms_norm(h, r if residual else None, w, 1e-5, isa)
+    assert torch.equal(h, h_ref), "the residual add must be the same fp32 sum"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if isa != cd.ISA_BEST:  # every variant sums the squares in the same lane order
+        assert torch.equal(got, cd.add_rms_norm(h.clone(), None, w, 1e-5, cd.ISA_SCALAR))
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (8, 1536), (2, 21)])
+def test_silu_mul(isa: int, rows: int, inter: int) -> None:
+    g = torch.Generator().manual_seed(inter)
+    gu = torch.randn(rows, 2 * inter, generator=g) * 4
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturated and zero gates
+    torch.testing.assert_close(cd.silu_mul(gu, isa), cd.silu_mul_ref(gu), atol=1e-6, rtol=1e-5)
+
+
+@needs_native
+def test_norm_ops_reject_wrong_shapes() -> None:
+    with pytest.raises(RuntimeError, match="cpu_norm"):
+        cd.add_rms_norm(torch.ones(2, 8), torch.ones(2, 7), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match="cpu_norm"):
+        cd.silu_mul(torch.ones(2, 7))
