@@ -101,27 +101,6 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Args& a, Tile tl, int64
 }
 
 // ---- AVX-512F -------------------------------------------------------------------------------
-// The horizontal sums of 16 accumulators v[r][t] in one vector, lane 4t + r, by a transposing
-// tree: 4 rounds of (2 shuffles + 1 add) per pair, 45 instructions instead of 16 × ~8. Each sum
-// pairs lanes exactly as _mm512_reduce_add_ps does (i + i+8, then + i+4, then + i+2, then
-// + i+1), so the result is bit-identical to it (tests check tile rows against tail rows).
-__attribute__((target("avx512f"))) inline __m512 reduce16(const __m512 (&v)[4][4]) {
-  __m512 c[8], d[4], f[2];
-  for (int m = 0; m < 8; ++m) {  // [A lo256 + A hi256 | B lo256 + B hi256], A,B = acc 2m, 2m+1
-    const __m512 A = v[(2 * m) / 4][(2 * m) % 4], B = v[(2 * m + 1) / 4][(2 * m + 1) % 4];
-    c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(A, B, 0x44), _mm512_shuffle_f32x4(A, B, 0xEE));
-  }
-  for (int p = 0; p < 4; ++p)  // 128-bit lane L: acc 4p + L summed to 4 partials
-    d[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], 0x88),
-                         _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], 0xDD));
-  for (int q = 0; q < 2; ++q)  // per 128-bit lane: (x0 + x2, x1 + x3) of d[2q], then of d[2q+1]
-    f[q] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * q], d[2 * q + 1], 0x44),
-                         _mm512_shuffle_ps(d[2 * q], d[2 * q + 1], 0xEE));
-  // per 128-bit lane L: [d0, d1, d2, d3] totals of acc 4k + L → lane 4L + k, i.e. acc j ↦ lane
-  // 4(j % 4) + j / 4 = 4t + r for j = 4r + t
-  return _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], 0x88), _mm512_shuffle_ps(f[0], f[1], 0xDD));
-}
-
 template <int NR, int BT>
 __attribute__((target("avx512f"))) void tile_avx512(const Args& a, Tile tl, int64_t b) {
   __m512 acc[NR][BT];
@@ -148,16 +127,9 @@ __attribute__((target("avx512f"))) void tile_avx512(const Args& a, Tile tl, int6
         acc[r][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + t * a.ldx + k), acc[r][t]);
     }
   }
-  if constexpr (NR == 4 && BT == 4) {  // the hot tile: its 16 sums at once, see reduce16
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, reduce16(acc));
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < BT; ++t) a.y[(b + t) * a.ldy + tl.o + r * tl.step] = sums[4 * t + r];
-  } else {
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < BT; ++t)
-        a.y[(b + t) * a.ldy + tl.o + r * tl.step] = _mm512_reduce_add_ps(acc[r][t]);
-  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < BT; ++t)
+      a.y[(b + t) * a.ldy + tl.o + r * tl.step] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 // All B rows of x against one tile: BT rows at a time (MAXBT = what the registers hold); only

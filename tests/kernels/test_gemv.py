@@ -76,9 +76,9 @@ def test_smollm2_shapes(out: int, k: int, b: int) -> None:
 @pytest.mark.parametrize("b", [1, 4, 5, 8, 16])
 @pytest.mark.parametrize("k", [64, 577])
 def test_batch_invariant_and_tiles_sum_like_single_rows(isa: int, b: int, k: int) -> None:
-    """Each output is one fixed summation (lanes over k, then one reduction tree): a weight row
-    inside a 4-row tile (the 4×4 tile's 16-way transposing reduction) gives the bits of the
-    same row alone (single-row path), and a row of x gives the same bits at any batch size."""
+    """Each output is one fixed summation (16 lanes over k, then _mm512_reduce_add_ps or
+    hsum256): a weight row inside a 4-row tile gives the bits of the same row alone, and a row of
+    x gives the same bits at any batch size (the B rows only share weight loads)."""
     x, w = _rand(b, k, seed=b), _rand(24, k, seed=k)
     y = g.gemv_native(x, w, isa)
     alone = torch.cat([g.gemv_native(x, w[o:o + 1], isa) for o in range(24)], 1)
