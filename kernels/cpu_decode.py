@@ -14,7 +14,8 @@ does it in one pass per token, reading K/V in place through the block table; the
 bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
 order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
 pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
-All are built into the `kernels.gemv` extension.
+All are built into the `kernels.gemv` extension; their scalar variants (CPUs without AVX-512)
+are a correctness fallback, and the decoder uses these ops only where `fast_available()`.
 """
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ ISA_BEST, ISA_SCALAR, ISA_AVX512 = 0, 1, 3
 def available() -> bool:
     """True when the native extension (shared with kernels.gemv) is built and imported."""
     return _gemv.gemv_available()
+
+
+def fast_available() -> bool:
+    """True when the native ops run their AVX-512F variants here. Their scalar variants are a
+    portable correctness fallback only (the scalar attention is slower than the torch path), so
+    the decoder takes the fused step only when this holds; AVX2-only CPUs keep the torch ops."""
+    return available() and bool(_gemv._load().has_avx512())
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,14 @@ decode steps of <= 16 tokens stream the weights at the memory-read floor; prefil
 GEMM); other dtypes, or a machine where the extension does not build, keep the torch layout
 ((in, out), the big matrices as two column halves, see linear.py).
 
-A CPU step of decode tokens only, with the native extension built and no per-head q/k norm, runs
-each layer's rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/V
-read in place through the block table). Other CPU steps first build a
-`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
-the caches, each small torch op costs 40–100 µs here, so the per-layer op count is what the
-decode step time is made of beyond the weight reads.
+A CPU step of decode tokens only, with the native extension built on an AVX-512 CPU and no
+per-head q/k norm, runs each layer's rotary + KV write + paged attention as one native call
+(`kernels.cpu_decode`, K/V read in place through the block table), and each residual add + RMSNorm
+and the SiLU·mul as one call each. Other CPU steps first build a
+`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
+layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
+40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
+weight reads.
 
 One step runs over a flat batch of T tokens from many sequences (decode rows first, then
 prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
@@ -157,7 +159,7 @@ class DecoderModel:
         self._cos, self._sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
         # the fused CPU decode op (kernels.cpu_decode): fp32 with the native extension built; its
         # rotary comes right after the q/k/v projection, so not with Qwen3's per-head q/k norm
-        self.fused_decode = (self.native_gemv and cpu_decode.available()
+        self.fused_decode = (self.native_gemv and cpu_decode.fast_available()
                              and all(layer.q_norm is None for layer in self.layers))
         self._silu = cfg.hidden_act == "silu"
 

@@ -132,4 +132,5 @@ void silu_mul_out(const torch::Tensor& gu, torch::Tensor& out, int64_t isa) {
 void register_cpu_norm(pybind11::module& m) {
   m.def("add_rms_norm_out", &add_rms_norm_out, "h += r; out = rms_norm(h) * w (fp32 CPU)");
   m.def("silu_mul_out", &silu_mul_out, "out = silu(gate) * up (fp32 CPU)");
+  m.def("has_avx512", [] { return has_avx512(0); }, "whether the AVX-512F variants run here");
 }
