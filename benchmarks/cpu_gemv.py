@@ -8,7 +8,9 @@
    each cycling over enough distinct copies (>= 768 MiB) that every read comes from DRAM, not
    the last-level cache. Beside it, the read bandwidth of `x.sum()` over 512 MiB.
 2. The whole fp32 decode step of the real model with 1 and 8 sequences (as offline_throughput's
-   `batch1_step_ms`), the model's matrices re-laid out torch / native between rounds, beside the
+   `batch1_step_ms`), the model's matrices re-laid out torch / native between rounds, and
+   "fused" = native storage plus the fused native decode ops (kernels/cpu_decode: rotary + KV
+   write + paged attention, add+RMSNorm, SiLU·mul; "native" runs them as torch ops), beside the
    read-bandwidth floor (weight bytes / `x.sum()` GB/s of the same round); then a 512-token
    prefill on both storages (it stays on torch's GEMM: a check that the layout costs it nothing).
 
@@ -90,8 +92,11 @@ def relayout(model, use_native: bool) -> None:
     model.lm_head = redo(model.lm_head, True)
 
 
-def _decode_steps_ms(engine, tag: str, seqs: int, context: int, steps: int) -> float:
-    """Median ms of a decode step of `seqs` sequences, after prefilling `context` tokens each."""
+def _decode_steps_ms(engine, tag: str, seqs: int, context: int, steps: int,
+                     clock=time.perf_counter) -> float:
+    """Median ms of a decode step of `seqs` sequences, after prefilling `context` tokens each,
+    timed by `clock` (wall, or this thread's CPU time: robust to other processes' load when
+    torch runs one thread)."""
     from baton import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
@@ -102,25 +107,30 @@ def _decode_steps_ms(engine, tag: str, seqs: int, context: int, steps: int) -> f
         engine.step()
     times = []
     while engine.has_unfinished_requests():
-        t = time.perf_counter()
+        t = clock()
         engine.step()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return 1000 * statistics.median(times[2:-2])
 
 
-def bench_step(model: str, rounds: int, context: int, seqs: int, bw_buf: torch.Tensor) -> None:
-    """The decode step of `seqs` sequences, torch vs native storage, beside the read floor."""
+def bench_step(model: str, rounds: int, context: int, seqs: int, bw_buf: torch.Tensor,
+               clock=time.perf_counter) -> None:
+    """The decode step of `seqs` sequences, torch vs native storage vs native + fused decode
+    ops, alternated A B C C B A, beside the read floor."""
     from baton import LLM
 
     llm = LLM(model, dtype="float32", kv_cache_memory_bytes=256 << 20)
     m = llm.engine.model
     weight_bytes = sum(lin.nbytes for lin in m.linears())
-    ms = {"torch": [], "native": []}
+    fused_ok = m.fused_decode
+    ms = {"torch": [], "native": []} | ({"fused": []} if fused_ok else {})
     floors = []
     for r in range(rounds):
-        for variant in ("torch", "native"):
-            relayout(m, variant == "native")
-            ms[variant].append(_decode_steps_ms(llm.engine, f"{variant}{r}", seqs, context, 24))
+        for variant in (list(ms) if r % 2 == 0 else list(ms)[::-1]):
+            relayout(m, variant != "torch")
+            m.fused_decode = variant == "fused"
+            ms[variant].append(_decode_steps_ms(llm.engine, f"{variant}{r}", seqs, context, 24,
+                                                clock))
         floors.append(weight_bytes / (read_gbps(bw_buf) * 1e9) * 1e3)
     floor = statistics.median(floors)
     print(f"\n{seqs}-sequence fp32 decode step, {model}, context {context}, "
@@ -129,7 +139,8 @@ def bench_step(model: str, rounds: int, context: int, seqs: int, bw_buf: torch.T
         step = statistics.median(values)
         print(f"  {variant:6s} {step:6.1f} ms  ({step / floor:.2f}x the read floor; rounds "
               + " ".join(f"{v:.1f}" for v in values) + ")")
-    print(f"  read floor {floor:5.1f} ms (x.sum over 512 MiB, same rounds)", flush=True)
+    print(f"  read floor {floor:5.1f} ms (x.sum over 512 MiB, same rounds, wall time)", flush=True)
+    m.fused_decode = fused_ok
 
 
 def bench_prefill(model: str, rounds: int, tokens: int) -> None:
@@ -165,6 +176,9 @@ def main() -> None:
     p.add_argument("--seqs", default="1,8", help="decode batch sizes of the whole-step part")
     p.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
     p.add_argument("--skip-step", action="store_true", help="only the per-shape table")
+    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+                   help="decode-step clock (default: cpu, i.e. thread CPU time, at 1 thread; "
+                        "wall otherwise)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if not native.gemv_available():
@@ -174,8 +188,11 @@ def main() -> None:
     bw_buf = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
     bench_shapes(args.rounds, bw_buf)
     if not args.skip_step:
+        clock = args.clock or ("cpu" if args.threads == 1 else "wall")
+        print(f"decode-step clock: {clock}")
         for seqs in map(int, args.seqs.split(",")):
-            bench_step(args.model, args.rounds, args.context, seqs, bw_buf)
+            bench_step(args.model, args.rounds, args.context, seqs, bw_buf,
+                       time.thread_time if clock == "cpu" else time.perf_counter)
         if args.prefill:
             bench_prefill(args.model, min(args.rounds, 3), args.prefill)
     print(f"load average at the end {os.getloadavg()}")

@@ -34,6 +34,10 @@ MAX_ROWS = 16  # above this the step is a prefill: torch's GEMM is at parity the
 ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
 
 _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
+# one extension: gemv.cpp's module init also registers the ops of cpu_decode.cpp and
+# cpu_norm.cpp (used by kernels/cpu_decode.py); the build key hashes the header too
+_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp", _SOURCE.parent / "cpu_norm.cpp"]
+_HASHED = _SOURCES + [_SOURCE.parent / "simd_exp.h"]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False
@@ -45,8 +49,8 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def build_dir() -> Path:
-    """Cache folder of this source's build: keyed by the source bytes, torch version, machine."""
-    key = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()
+    """Cache folder of this source's build: keyed by the sources' bytes, torch version, machine."""
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in _HASHED) + torch.__version__.encode()
                          + platform.machine().encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "baton" / "ext" / f"gemv-{key}"
 
@@ -97,8 +101,10 @@ def _load():
 
         folder = build_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        _ext = load(name="baton_gemv", sources=[str(_SOURCE)], build_directory=str(folder),
-                    extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        _ext = load(name="baton_gemv", sources=[str(f) for f in _SOURCES],
+                    build_directory=str(folder),
+                    extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
+                    extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # any build or import failure means "use torch"
         _log.warning("native CPU GEMV unavailable, using torch matmul: %s", exc)
         _ext = None

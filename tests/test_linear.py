@@ -8,7 +8,7 @@ import torch
 import baton.models.decoder as decoder
 from baton import LLM, SamplingParams
 from baton.models.linear import Linear
-from kernels import gemv
+from kernels import cpu_decode, gemv
 from tests.reference import hf_greedy
 
 U = 2.0**-24
@@ -49,3 +49,25 @@ def test_decoder_greedy_matches_transformers_on_either_storage(monkeypatch, tiny
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     for prompt, out in zip(prompts, outs):
         assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 8)
+
+
+@pytest.mark.skipif(not cpu_decode.fast_available(),
+                    reason="native extension did not build here, or no AVX-512")
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_cpu_decode_step_matches_transformers(monkeypatch, tiny_llama, fused: bool) -> None:
+    """The all-decode CPU step through kernels.cpu_decode (rotary + KV write + attention,
+    add+RMSNorm, SiLU·mul) and through torch ops both give transformers' greedy tokens, with
+    decode rows of different context lengths in one step."""
+    llm = LLM(str(tiny_llama), num_blocks=32)
+    model = llm.engine.model
+    assert model.fused_decode, "fp32 llama with the AVX-512 extension takes the fused step"
+    model.fused_decode = fused
+    calls = []
+    native_attention = cpu_decode.decode_attention
+    monkeypatch.setattr(cpu_decode, "decode_attention",
+                        lambda *a, **k: calls.append(1) or native_attention(*a, **k))
+    prompts = [[5, 6, 7, 8, 9], [11, 3, 200, 17, 4, 90, 31, 2, 8, 60, 61, 62, 63, 64, 65, 66, 67]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 12)
+    assert bool(calls) is fused  # the fused op ran in the fused case only

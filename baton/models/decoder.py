@@ -9,10 +9,14 @@ decode steps of <= 16 tokens stream the weights at the memory-read floor; prefil
 GEMM); other dtypes, or a machine where the extension does not build, keep the torch layout
 ((in, out), the big matrices as two column halves, see linear.py).
 
-On CPU each step first builds a `kernels.paged_cpu.PagedAttentionPlan` (every cache index
-derived once, not per layer): after a layer's GEMVs have streamed megabytes of weights through
-the caches, each small torch op costs 40–100 µs here, so the per-layer op count is what the
-decode step time is made of beyond the weight reads.
+A CPU step of decode tokens only, with the native extension built on an AVX-512 CPU and no
+per-head q/k norm, runs each layer's rotary + KV write + paged attention as one native call
+(`kernels.cpu_decode`, K/V read in place through the block table), and each residual add + RMSNorm
+and the SiLU·mul as one call each. Other CPU steps first build a
+`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
+layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
+40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
+weight reads.
 
 One step runs over a flat batch of T tokens from many sequences (decode rows first, then
 prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
@@ -29,6 +33,7 @@ from safetensors.torch import load_file
 
 import kernels
 from baton.models.linear import Linear, use_native_gemv
+from kernels import cpu_decode
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -161,6 +166,11 @@ class DecoderModel:
                               split=cpu)
         cos, sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
         self._cos, self._sin_signed = cos.to(self.device), sin_signed.to(self.device)
+        # the fused CPU decode op (kernels.cpu_decode): fp32 with the native extension built; its
+        # rotary comes right after the q/k/v projection, so not with Qwen3's per-head q/k norm
+        self.fused_decode = (self.native_gemv and cpu_decode.fast_available()
+                             and all(layer.q_norm is None for layer in self.layers))
+        self._silu = cfg.hidden_act == "silu"
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -188,6 +198,9 @@ class DecoderModel:
                 meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
+        if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
+                and cpu_decode.supported(kv_cache, s.num_heads)):
+            return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         q_width = s.num_heads * s.head_size
@@ -218,6 +231,35 @@ class DecoderModel:
             gate, up = layer.gate_up(x).chunk(2, dim=1)  # [T, I] each
             h = h + layer.down(self.act(gate) * up)
         return _rms_norm(h, self.norm, self.eps)
+
+    def _forward_decode_cpu(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                            meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """`forward` for a CPU step of decode tokens only: per layer the same math with rotary,
+        KV write and attention in one native call (`kernels.cpu_decode.decode_attention`), each
+        residual add fused with the RMSNorm after it, and SiLU·mul in one call."""
+        s = self.shape
+        positions, slots = positions.long().contiguous(), meta.slot_mapping.long().contiguous()
+        tables = meta.decode_block_tables.int().contiguous()
+        lens = meta.decode_context_lens.int().contiguous()
+        h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
+        x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(x)
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
+                                               kv_cache, i, slots, tables, lens, self.scale,
+                                               s.num_heads)
+            x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
+            gate_up = layer.gate_up(x)
+            if self._silu:
+                act = cpu_decode.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=1)
+                act = self.act(gate) * up
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x = cpu_decode.add_rms_norm(h, layer.down(act), nxt, self.eps)
+        return x
 
     def _attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -1,0 +1,137 @@
+"""Fused fp32 CPU decode ops: rotary + KV-cache write + paged attention in one native call, and
+residual add + RMSNorm, SiLU·mul (each beside its torch reference).
+
+    qkv [T, (Hq + 2·Hkv)·D] fp32     one decode token per sequence (rows: q heads, k heads, v heads)
+    cos, sin_signed [max_pos, D]     rotary tables (sin's first half negated, see decoder._rotate)
+    positions [T] int64              slot_mapping [T] int64 (< 0: do not write)
+    kv_cache [NB, L, 2, BS, Hkv, D]  block_tables [T, max_blocks] int32, context_lens [T] int32
+    → out [T, Hq·D] fp32
+
+On CPU the torch path of a decode layer is ~15 small ops (rotary, cat, index_copy_, index_select
+of every context, view/transpose, SDPA); after a layer's GEMVs each costs 5-50 µs here, and the
+gather copies each sequence's K and V before SDPA reads them again. `kernels/csrc/cpu_decode.cpp`
+does it in one pass per token, reading K/V in place through the block table; the rotated q/k are
+bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
+order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
+pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
+All are built into the `kernels.gemv` extension; their scalar variants (CPUs without AVX-512)
+are a correctness fallback, and the decoder uses these ops only where `fast_available()`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import gemv as _gemv
+
+ISA_BEST, ISA_SCALAR, ISA_AVX512 = 0, 1, 3
+
+
+def available() -> bool:
+    """True when the native extension (shared with kernels.gemv) is built and imported."""
+    return _gemv.gemv_available()
+
+
+def fast_available() -> bool:
+    """True when the native ops run their AVX-512F variants here. Their scalar variants are a
+    portable correctness fallback only (the scalar attention is slower than the torch path), so
+    the decoder takes the fused step only when this holds; AVX2-only CPUs keep the torch ops."""
+    return available() and bool(_gemv._load().has_avx512())
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
+def decode_attention_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                         positions: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                         slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                         context_lens: torch.Tensor, scale: float, num_heads: int) -> torch.Tensor:
+    """Torch reference (shapes in the module docstring): rotate, write K/V, then each token's SDPA
+    over its gathered context. Writes `kv_cache` in place like the native op."""
+    _, _, _, bs, hkv, d = kv_cache.shape
+    t = qkv.shape[0]
+    heads = qkv.view(t, num_heads + 2 * hkv, d)
+    c, s = cos[positions][:, None], sin_signed[positions][:, None]
+    q = _rotate(heads[:, :num_heads], c, s)
+    k = _rotate(heads[:, num_heads:num_heads + hkv], c, s)
+    v = heads[:, num_heads + hkv:]
+    for i in range(t):
+        slot = int(slot_mapping[i])
+        if slot >= 0:
+            kv_cache[slot // bs, layer, 0, slot % bs] = k[i]
+            kv_cache[slot // bs, layer, 1, slot % bs] = v[i]
+    out = torch.empty(t, num_heads, d, dtype=qkv.dtype)
+    for i in range(t):
+        n = int(context_lens[i])
+        pos = torch.arange(n)
+        blocks = block_tables[i].long()[pos // bs]
+        keys = kv_cache[blocks, layer, 0, pos % bs].transpose(0, 1)  # [Hkv, N, D]
+        vals = kv_cache[blocks, layer, 1, pos % bs].transpose(0, 1)
+        qi = q[i].view(hkv, num_heads // hkv, d)  # query head j uses KV head j // group
+        out[i] = F.scaled_dot_product_attention(qi, keys, vals, scale=scale).reshape(num_heads, d)
+    return out.view(t, num_heads * d)
+
+
+def supported(kv_cache: torch.Tensor, num_heads: int) -> bool:
+    """Whether the native op takes this cache and head count (fp32 CPU, group <= 8, even D)."""
+    hkv, d = kv_cache.shape[4], kv_cache.shape[5]
+    return (kv_cache.dtype == torch.float32 and not kv_cache.is_cuda and kv_cache.is_contiguous()
+            and num_heads % hkv == 0 and num_heads // hkv <= 8 and d % 2 == 0)
+
+
+def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                     positions: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                     slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, num_heads: int,
+                     isa: int = ISA_BEST) -> torch.Tensor:
+    """Native op (shapes in the module docstring; writes `kv_cache` in place). `isa` forces a
+    variant for tests (RuntimeError if the CPU lacks it). The extension checks every index it
+    follows (positions, slots, context lengths, block ids) and raises RuntimeError on a bad one,
+    before writing anything. Raises RuntimeError if the extension is unavailable."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    out = torch.empty(qkv.shape[0], num_heads * kv_cache.shape[5], dtype=torch.float32)
+    ext.decode_attention_out(qkv, cos, sin_signed, positions, kv_cache, layer, slot_mapping,
+                             block_tables, context_lens, scale, num_heads, out, isa)
+    return out
+
+
+def add_rms_norm_ref(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """Torch reference: h += r in place (if r is given), then transformers' LlamaRMSNorm of h."""
+    if r is not None:
+        h += r
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float,
+                 isa: int = ISA_BEST) -> torch.Tensor:
+    """Native `add_rms_norm_ref`: h [T, H] fp32 contiguous (updated in place when r [T, H] is
+    given), w [H] → [T, H]. RuntimeError on a wrong shape/dtype or without the extension."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    out = torch.empty_like(h)
+    ext.add_rms_norm_out(h, _EMPTY if r is None else r, w, eps, out, isa)
+    return out
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """Torch reference: [T, 2I] = [gate | up] → silu(gate) · up [T, I]."""
+    gate, up = gate_up.chunk(2, dim=1)
+    return F.silu(gate) * up
+
+
+def silu_mul(gate_up: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
+    """Native `silu_mul_ref` (fp32 contiguous [T, 2I] → [T, I]); RuntimeError as above."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=torch.float32)
+    ext.silu_mul_out(gate_up, out, isa)
+    return out
+
+
+_EMPTY = torch.empty(0)

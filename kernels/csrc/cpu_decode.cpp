@@ -1,0 +1,255 @@
+// Fused fp32 CPU ops of a decode step (one new token per sequence), each replacing several torch
+// ops per layer: after a layer's GEMVs have streamed megabytes of weights through the caches each
+// small torch op costs 5-50 µs here, and the paged attention's gather copied every context twice.
+//
+// decode_attention_out: for each decode token t (work items split over threads), KV head h:
+//   1. rotary on the new k head and the `group` q heads sharing it, as transformers' LlamaRotary
+//      (x·cos + rotate_half(x)·sin, written x·cos + roll(x, D/2)·sin_signed): two products and one
+//      sum, each rounded (no FMA contraction: the file is built with -ffp-contract=off), so the
+//      rotated values are bit-identical to the torch path's;
+//   2. the new k (rotated) and v written into the cache slot slot_mapping[t] (skipped if < 0);
+//   3. attention of the q heads over positions [0, context_lens[t]) read in place through the
+//      block table (no gather): s_n = (q·k_n)·scale, p_n = exp(s_n − max s), out = Σ p_n v_n / Σ p_n
+//      (the softmax of SDPA; summation orders differ from it, so outputs agree to rounding).
+//
+// ISA: an AVX-512F variant (exp: Cephes expf polynomial + scalef, ~1 ulp) chosen at run time by
+// __builtin_cpu_supports, and a portable scalar one (std::exp) everywhere else.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "simd_exp.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define BATON_X86 1
+#endif
+
+namespace {
+
+struct Attn {
+  const float* qkv; int64_t ldqkv;        // [T, (Hq + 2·Hkv)·D]
+  const float* cos; const float* sin;     // [max_pos, D] tables; sin first half negated
+  const int64_t* pos;                     // [T]
+  float* cache;                           // [NB, L, 2, BS, Hkv, D]
+  int64_t layer, L, BS, Hq, Hkv, D;
+  const int64_t* slots;                   // [T]
+  const int32_t* tables; int64_t ldtab;   // [T, max_blocks]
+  const int32_t* lens;                    // [T]
+  float scale;
+  float* out;                             // [T, Hq·D]
+};
+
+// K row (all Hkv heads, Hkv·D floats) of each position n < lens[t] of token t's sequence, walked
+// block by block (no division per row); the V row is K row + vstride.
+inline void k_rows(const Attn& a, int64_t t, const float** rows) {
+  const int64_t N = a.lens[t], row = a.Hkv * a.D;
+  for (int64_t b = 0, n = 0; n < N; ++b) {
+    const float* base = a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row;
+    for (int64_t off = 0; off < a.BS && n < N; ++off, ++n) rows[n] = base + off * row;
+  }
+}
+
+// dst = rotate(src) for one head: dst[i] = src[i]·cos[i] + src[(i + D/2) % D]·sin[i].
+inline void rotate(const float* src, const float* c, const float* s, float* dst, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float a = src[i] * c[i];
+    const float b = src[(i + half) % D] * s[i];
+    dst[i] = a + b;
+  }
+}
+
+// Steps 1-2 for (t, h): rotated q heads of the group into q[group·D], cache written.
+inline void rotate_and_write(const Attn& a, int64_t t, int64_t h, float* q) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D;
+  const float* row = a.qkv + t * a.ldqkv;
+  const float* c = a.cos + a.pos[t] * D;
+  const float* s = a.sin + a.pos[t] * D;
+  for (int64_t g = 0; g < G; ++g) rotate(row + (h * G + g) * D, c, s, q + g * D, D);
+  const int64_t slot = a.slots[t];
+  if (slot >= 0) {
+    const int64_t block = slot / a.BS, off = slot % a.BS;
+    float* k = a.cache + ((((block * a.L + a.layer) * 2 + 0) * a.BS + off) * a.Hkv + h) * D;
+    float* v = a.cache + ((((block * a.L + a.layer) * 2 + 1) * a.BS + off) * a.Hkv + h) * D;
+    rotate(row + (a.Hq + h) * D, c, s, k, D);
+    std::copy(row + (a.Hq + a.Hkv + h) * D, row + (a.Hq + a.Hkv + h + 1) * D, v);
+  }
+}
+
+// Attention of token t's Hq rotated query heads q[Hq·D] over its K/V rows; p: [Hq·N] scratch.
+void attend_scalar(const Attn& a, int64_t t, const float* q, const float** rows, float* p) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, N = a.lens[t], vstride = a.BS * a.Hkv * D;
+  for (int64_t i = 0; i < a.Hq; ++i) {
+    const int64_t h = i / G;
+    float* pi = p + i * N;
+    float m = -INFINITY;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* k = rows[n] + h * D;
+      float acc = 0;
+      for (int64_t d = 0; d < D; ++d) acc += q[i * D + d] * k[d];
+      pi[n] = acc * a.scale;
+      m = std::max(m, pi[n]);
+    }
+    float l = 0;
+    for (int64_t n = 0; n < N; ++n) l += (pi[n] = std::exp(pi[n] - m));
+    float* o = a.out + (t * a.Hq + i) * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t n = 0; n < N; ++n) {
+      const float* v = rows[n] + vstride + h * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += pi[n] * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) o[d] /= l;
+  }
+}
+
+#ifdef BATON_X86
+constexpr int64_t PF = 6;  // positions ahead whose K / V rows are prefetched
+
+// D % 16 == 0, group <= 8 (checked by the caller). Reads each position's K row (every head) in
+// one sequential pass, then V per KV head (the h = 0 pass prefetches whole rows into L2).
+__attribute__((target("avx512f"))) void attend_avx512(const Attn& a, int64_t t, const float* q,
+                                                      const float** rows, float* p) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, C = D / 16, N = a.lens[t];
+  const int64_t row_bytes = a.Hkv * D * 4, vstride = a.BS * a.Hkv * D;
+  for (int64_t n = 0; n < N; ++n) {  // scores s[i][n] = (q_i · k_n) · scale
+    if (n + PF < N)
+      for (int64_t b = 0; b < row_bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF]) + b, _MM_HINT_T0);
+    for (int64_t h = 0; h < a.Hkv; ++h) {
+      const float* k = rows[n] + h * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qi = q + (h * G + g) * D;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(k));
+        for (int64_t c = 1; c < C; ++c)
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(k + 16 * c), acc);
+        p[(h * G + g) * N + n] = _mm512_reduce_add_ps(acc) * a.scale;
+      }
+    }
+  }
+  float inv_l[64];
+  for (int64_t i = 0; i < a.Hq; ++i) {  // softmax numerators, 16 scores at a time
+    float* pi = p + i * N;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int64_t n = 0;
+    for (; n + 16 <= N; n += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(pi + n));
+    float mval = _mm512_reduce_max_ps(m);
+    for (; n < N; ++n) mval = std::max(mval, pi[n]);
+    const __m512 mv = _mm512_set1_ps(mval);
+    __m512 l = _mm512_setzero_ps();
+    for (n = 0; n < N; n += 16) {
+      const __mmask16 mask = N - n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n)) - 1u);
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, pi + n), mv));
+      _mm512_mask_storeu_ps(pi + n, mask, e);
+      l = _mm512_add_ps(l, _mm512_maskz_mov_ps(mask, e));
+    }
+    inv_l[i] = 1.0f / _mm512_reduce_add_ps(l);
+  }
+  for (int64_t h = 0; h < a.Hkv; ++h) {  // out_i = Σ p_n v_n, D in chunks of 64 in registers
+    for (int64_t c0 = 0; c0 < C; c0 += 4) {
+      const int64_t cn = std::min<int64_t>(4, C - c0);
+      __m512 acc[8][4];
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+      for (int64_t n = 0; n < N; ++n) {
+        if (h == 0 && c0 == 0 && n + PF < N)
+          for (int64_t b = 0; b < row_bytes; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + vstride) + b, _MM_HINT_T1);
+        const float* v = rows[n] + vstride + h * D + 16 * c0;
+        for (int64_t g = 0; g < G; ++g) {
+          const __m512 pn = _mm512_set1_ps(p[(h * G + g) * N + n]);
+          for (int64_t c = 0; c < cn; ++c)
+            acc[g][c] = _mm512_fmadd_ps(pn, _mm512_loadu_ps(v + 16 * c), acc[g][c]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* o = a.out + (t * a.Hq + h * G + g) * D + 16 * c0;
+        for (int64_t c = 0; c < cn; ++c)
+          _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_l[h * G + g])));
+      }
+    }
+  }
+}
+#endif
+
+bool use_avx512(int64_t isa) {
+#ifdef BATON_X86
+  static const bool has512 = __builtin_cpu_supports("avx512f");
+  TORCH_CHECK(isa != 3 || has512, "cpu_decode: this CPU has no AVX-512F");
+  return isa == 3 || (isa == 0 && has512);
+#else
+  TORCH_CHECK(isa <= 1, "cpu_decode: SIMD variants exist only on x86-64");
+  return false;
+#endif
+}
+
+void check_f32(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "cpu_decode: ", name, " must be a contiguous fp32 CPU tensor");
+}
+
+}  // namespace
+
+// Shapes in kernels/cpu_decode.py (decode_attention). isa: 0 best, 1 scalar, 3 AVX-512F.
+void decode_attention_out(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                          const torch::Tensor& positions, torch::Tensor& kv_cache, int64_t layer,
+                          const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
+                          const torch::Tensor& context_lens, double scale, int64_t num_heads,
+                          torch::Tensor& out, int64_t isa) {
+  check_f32(qkv, "qkv"); check_f32(cos, "cos"); check_f32(sin, "sin"); check_f32(out, "out");
+  check_f32(kv_cache, "kv_cache");
+  TORCH_CHECK(kv_cache.dim() == 6, "cpu_decode: kv_cache must be [NB, L, 2, BS, Hkv, D]");
+  const int64_t T = qkv.size(0), Hkv = kv_cache.size(4), D = kv_cache.size(5), Hq = num_heads;
+  TORCH_CHECK(Hq % Hkv == 0 && Hq / Hkv <= 8 && D % 2 == 0, "cpu_decode: need Hq = g·Hkv, g <= 8, even D");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (Hq + 2 * Hkv) * D, "cpu_decode: qkv width");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(1) == D, "cpu_decode: rope tables");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == Hq * D, "cpu_decode: out shape");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
+              block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+              positions.is_contiguous() && slot_mapping.is_contiguous() &&
+              block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "cpu_decode: positions/slot_mapping int64, block_tables/context_lens int32, contiguous");
+  TORCH_CHECK(positions.numel() == T && slot_mapping.numel() == T && context_lens.numel() == T &&
+              block_tables.dim() == 2 && block_tables.size(0) == T, "cpu_decode: one row per token");
+  TORCH_CHECK(0 <= layer && layer < kv_cache.size(1), "cpu_decode: layer out of range");
+  const int64_t NB = kv_cache.size(0), BS = kv_cache.size(3), MB = block_tables.size(1);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tab = block_tables.data_ptr<int32_t>();
+  int64_t max_len = 1;
+  for (int64_t t = 0; t < T; ++t) {  // every index this call follows is checked here
+    TORCH_CHECK(0 <= pos[t] && pos[t] < cos.size(0), "cpu_decode: position past the rope table");
+    TORCH_CHECK(slots[t] < NB * BS, "cpu_decode: slot past the cache");
+    TORCH_CHECK(1 <= lens[t] && lens[t] <= MB * BS, "cpu_decode: context length out of range");
+    for (int64_t b = 0; b < (lens[t] + BS - 1) / BS; ++b)
+      TORCH_CHECK(0 <= tab[t * MB + b] && tab[t * MB + b] < NB, "cpu_decode: block id out of range");
+    max_len = std::max<int64_t>(max_len, lens[t]);
+  }
+  Attn a{qkv.data_ptr<float>(), qkv.size(1), cos.data_ptr<float>(), sin.data_ptr<float>(), pos,
+         kv_cache.data_ptr<float>(), layer, kv_cache.size(1), BS, Hq, Hkv, D, slots, tab, MB, lens,
+         static_cast<float>(scale), out.data_ptr<float>()};
+  const bool simd = use_avx512(isa) && D % 16 == 0 && Hq <= 64;
+  // Work item t writes t's new slot, then reads only t's own sequence (one decode token per
+  // sequence), so items may run on any thread in any order.
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> q(Hq * D), p(Hq * max_len);
+    std::vector<const float*> rows(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t h = 0; h < Hkv; ++h) rotate_and_write(a, t, h, q.data() + h * (Hq / Hkv) * D);
+      k_rows(a, t, rows.data());
+#ifdef BATON_X86
+      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
+#endif
+      attend_scalar(a, t, q.data(), rows.data(), p.data());
+    }
+  });
+}
+
+void register_cpu_decode(pybind11::module& m) {
+  m.def("decode_attention_out", &decode_attention_out,
+        "rotary + KV write + paged decode attention, fp32 CPU (kernels/cpu_decode.py)");
+}
