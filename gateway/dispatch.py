@@ -79,11 +79,14 @@ class Dispatcher:
         self.inflight += 1
         self.metrics.inflight.inc()
         call = worker = None
+        admitted: list[Ticket] = []  # the admission ticket, once _start takes one
         try:
-            call, worker, first, ticket = await self._start(request)
+            call, worker, first, ticket = await self._start(request, admitted)
             async for msg in self._relay(request, call, worker, first, ticket):
                 yield msg
         finally:
+            for ticket in admitted:  # no stream, or the stream ended: nothing left queued
+                self.admission.release(ticket)
             if call is not None and not call.done():
                 call.cancel()
             if worker is not None:
@@ -98,7 +101,7 @@ class Dispatcher:
         return self._hashes.hashes(token_ids, block_size, session_id) if block_size else []
 
     # ---- before the first message --------------------------------------------------------
-    async def _start(self, request: TokenizedRequest):
+    async def _start(self, request: TokenizedRequest, admitted: list[Ticket]):
         hashes = self.block_hashes(request.prompt_token_ids, request.session_id)
         deadline = request.arrival + self.config.first_token_timeout_s
         tried: list[str] = []
@@ -113,6 +116,7 @@ class Dispatcher:
                 break
             if not tried and self.admission is not None:
                 ticket = self._admit(request, decision)  # GatewayError 429: nothing started
+                admitted.append(ticket)  # released by stream() however this ends
             tried.append(decision.decode)
             self.metrics.routing.labels(self.config.router.policy.value, decision.reason).inc()
             worker.inflight += 1
@@ -230,6 +234,7 @@ class Dispatcher:
                 self.metrics.ttft.observe(now - request.arrival)
                 if ticket is not None:
                     ticket.ttft_s = now - request.arrival
+                    self.admission.release(ticket)  # prefilled: no longer queued
             elif i in last:
                 self.metrics.itl.observe(now - last[i])
             last[i] = now

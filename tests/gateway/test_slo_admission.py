@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import httpx
 import pytest
 
@@ -12,7 +13,7 @@ from gateway.admission import PRIOR_SECONDS_PER_TOKEN, PathQueue, SLOAdmission, 
 from gateway.config import PrefillModeChoice
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
-from tests.gateway.conftest import MODEL, FakeWorker, running_gateway
+from tests.gateway.conftest import MODEL, Behavior, FakeWorker, running_gateway
 from tests.gateway.fake_decode import start_fake_prefill
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}]}
@@ -111,3 +112,42 @@ def test_learned_rate_from_observed_ttft_tightens_the_prediction():
     adm.admit(5000, decode, None, [decode])  # too long even idle: refusing would not help
     adm.observe(Ticket(decode, None, 0.0, ttft_s=5.0), False, uncached=10)  # too small
     assert adm.seconds_per_token("d:1") == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_admitted_requests_without_a_first_token_count_as_queued():
+    """A worker's stats leave out what it is prefilling and what arrived since the last
+    poll: the gateway's own admitted-but-not-first-token tokens count as its queue, so a
+    burst is refused once it would queue past the SLO, and releasing a ticket frees it."""
+    adm = SLOAdmission(slo_ttft_s=1.0, prior_s_per_token=1e-3)  # 1000 tokens/s
+    decode = PathQueue("d:1", 0)                                # stats: idle
+    tickets = [adm.admit(400, decode, None, [decode]) for _ in range(2)]
+    assert adm.pending_tokens("d:1") == 800
+    assert tickets[1].decode.waiting_tokens == 400            # the first one counted
+    with pytest.raises(GatewayError):
+        adm.admit(400, decode, None, [decode])                 # 1.2 s > 1 s: refused
+    assert adm.pending_tokens("d:1") == 800                    # a refusal queues nothing
+    adm.release(tickets[0])
+    adm.release(tickets[0])                                    # idempotent
+    assert adm.pending_tokens("d:1") == 400
+    assert adm.admit(400, PathQueue("d:1", 100), None, [PathQueue("d:1", 100)])
+    assert adm.pending_tokens("d:1") == 800                    # max(stats, own), not the sum
+    # the path predicted cheaper gets the tokens: an idle prefill worker beside a busy decode
+    busy, idle = PathQueue("d:1", 0), PathQueue("p:1", 0)
+    t = adm.admit(100, busy, idle, [busy, idle])
+    assert t.path == "p:1" and adm.pending_tokens("p:1") == 100
+
+
+@pytest.mark.parametrize("behavior", [Behavior(), Behavior(reject=grpc.StatusCode.INTERNAL),
+                                      Behavior(fail_after=1)])
+async def test_no_admitted_tokens_stay_queued_after_a_request_ends(prompts, behavior):
+    """Served, refused by the worker, or broken mid-stream: afterwards nothing of the
+    request is counted as queued on its worker (a leak would refuse everything later)."""
+    fake = await FakeWorker.start(behavior, num_waiting_tokens=0)
+    try:
+        async with running_gateway(prompts, [fake], slo_ttft_ms=60_000) as gw:
+            await polled(gw, DECODE, fake)
+            for _ in range(3):
+                await chat(gw)
+            assert gw.dispatcher.admission.pending_tokens(fake.address) == 0
+    finally:
+        await fake.stop(0)
