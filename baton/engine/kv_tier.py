@@ -131,6 +131,9 @@ class KVTier:
                 copy_block(self._save_buf, self.kv_cache[b.block_id])
                 self._save_disk(b.block_hash, b.token_ids, self._save_buf)
 
+    def publish(self, blocks: Sequence[Block]) -> None:
+        """A request ended (kv_cache.free): nothing to do here (the KV store's hook)."""
+
     def _save_host(self, block_hash: int, tokens: tuple[int, ...], block_id: int) -> None:
         host, t = self.host, self.host_totals
         if block_hash in host:  # the pool recomputed a block the tier still had
