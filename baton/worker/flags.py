@@ -65,7 +65,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="disk tier budget in bytes (with --kv-disk-tier-dir)")
     g.add_argument("--kv-store-url", "--kv-store", dest="kv_store_url", default=None,
                    help="cluster-wide KV store, mooncake://HOST:PORT (a mooncake_master): "
-                        "finished requests' blocks go there, prefills load from it")
+                        "finished requests' blocks go there, prefills load from it "
+                        "(none: off)")
     g.add_argument("--kv-store-segment-bytes", type=int, default=128 << 20,
                    help="memory this worker lends the KV store (with --kv-store-url)")
     g.add_argument("--kv-store-local-host", default=None,
@@ -119,7 +120,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                           kv_host_tier_bytes=a.kv_host_tier_bytes,
                           kv_disk_tier_dir=a.kv_disk_tier_dir,
                           kv_disk_tier_bytes=a.kv_disk_tier_bytes,
-                          kv_store_url=a.kv_store_url,
+                          kv_store_url=None if a.kv_store_url in (None, "", "none")
+                          else a.kv_store_url,
                           kv_store_segment_bytes=a.kv_store_segment_bytes,
                           kv_store_local_host=a.kv_store_local_host,
                           kv_store_model=getattr(a, "served_model_name", None)),
