@@ -1,10 +1,13 @@
 """The KV tier's series on a worker's /metrics (decode and prefill alike), one label `tier`
-("host" | "disk"); read from `EngineCounts.kv_tiers` at scrape time, absent without tiers.
-Beside them, always: the engine's prefix hits in tokens by where it found them,
+("host" | "disk" | "store": the cluster's KV store, engine/kv_store.py, whose blocks and
+capacity are the blocks this worker knows are there and the segment it lends); read from
+`EngineCounts.kv_tiers` at scrape time, absent without tiers. Beside them, always: the
+engine's prefix hits in tokens by where it found them,
 
     baton_kv_cached_prompt_tokens_total{source}  counter  prompt tokens not computed, found
                                                           in the pool ("pool") or loaded
-                                                          from "host_tier" / "disk_tier"
+                                                          from "host_tier" / "disk_tier" /
+                                                          "store"
 
     baton_kv_tier_blocks{tier}                   gauge    blocks held
     baton_kv_tier_bytes{tier}                    gauge    bytes held (disk: file bytes)
