@@ -17,7 +17,7 @@ worker's prompt) instead of recomputing them.
   from the store and counted (`dropped_blocks`), the block recomputed, never decoded from.
 - Writes: `publish(blocks)` copies each cached block the store is not known to hold into a
   preallocated slot and queues it; with no slot free the block is not written (counted in
-  `queue_full_drops`). The writer asks the store which keys it lacks (one batched call)
+  `queue_full_drops` and `dropped_blocks`). The writer asks the store which keys it lacks (one batched call)
   and puts those: what a finished request writes is its full blocks the store lacks.
 - Reads: `claim(hash, tokens)` gets, verifies and stages the value; `finish` copies it into
   the pool block (kv_cache.py's two-phase load, as kv_tier.py).
@@ -143,8 +143,9 @@ class StoreTier:
                 continue
             with self._free_lock:
                 slot = self._free.pop() if self._free else None
-            if slot is None:
+            if slot is None:  # the writer is behind: this block is not written
                 self.queue_full_drops += 1
+                self.totals.dropped_blocks += 1
                 continue
             copy_block(self._slots[slot], self.kv_cache[b.block_id])
             self._remember(b.block_hash)
@@ -251,6 +252,7 @@ class StoreTier:
         """The store's TierCounts: blocks = hashes known here, capacity = the segment this
         worker lends (the store's own size is the master's)."""
         n = len(self._known)
+        self.totals.unavailable = self.client.unavailable
         return TierCounts("store", n, n * self.block_bytes, self.client.segment_bytes,
                           self.totals)
 

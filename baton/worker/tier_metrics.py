@@ -19,6 +19,7 @@ engine's prefix hits in tokens by where it found them,
     baton_kv_tier_loaded_bytes_total{tier}       counter  bytes loaded back into the pool
     baton_kv_tier_load_seconds_total{tier}       counter  seconds spent on those loads
     baton_kv_tier_dropped_blocks_total{tier}     counter  blocks lost (bad file, failed write)
+    baton_kv_tier_unavailable_total{tier}        counter  store calls answered "down"
     baton_kv_tier_recomputed_blocks_total        counter  tier blocks found unusable on load
                                                           and recomputed
 """
@@ -43,6 +44,8 @@ _COUNTERS = (
     ("load_seconds", "Seconds spent loading blocks from the tier", lambda t: t.load_seconds),
     ("dropped_blocks", "Blocks the tier lost (corrupt or truncated file, failed write)",
      lambda t: t.dropped_blocks),
+    ("unavailable", "Tier calls not made or failed because the KV store was down",
+     lambda t: t.unavailable),
 )
 
 
