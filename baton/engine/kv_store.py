@@ -2,11 +2,11 @@
 prefill loads the blocks another worker computed (a decode worker's previous turn, a prefill
 worker's prompt) instead of recomputing them.
 
-    decode / prefill worker                         Mooncake Store          any worker
-    request ends ─publish─▶ copy into a slot ─queue─▶ writer thread ─put─▶ key ◀─get─ admission
-                  (engine thread, one memcpy a block)  (off the step)            (prefix walk,
-                                                                                 after pool,
-                                                                                 host, disk)
+    request ends ─publish─▶ slot copy ─queue─▶ writer ─put─▶ Mooncake ◀─get─ admission on
+    (decode or prefill;     (engine thread,    (thread, off        Store          any worker
+     kv_cache.free)          a memcpy a block)  the step)                         (prefix walk
+                                                                                   after pool,
+                                                                                   host, disk)
 
 - Key: "baton-kv/<layout hash>/<block hash>" (transfer/layout.py's hash of model name,
   dtype, block size, layers, KV heads, head size; block_hash.py's chained hash), so only
@@ -17,8 +17,9 @@ worker's prompt) instead of recomputing them.
   from the store and counted (`dropped_blocks`), the block recomputed, never decoded from.
 - Writes: `publish(blocks)` copies each cached block the store is not known to hold into a
   preallocated slot and queues it; with no slot free the block is not written (counted in
-  `queue_full_drops` and `dropped_blocks`). The writer asks the store which keys it lacks (one batched call)
-  and puts those: what a finished request writes is its full blocks the store lacks.
+  `queue_full_drops` and `dropped_blocks`). The writer asks the store which keys it lacks
+  (one batched call) and puts those: a finished request writes its full blocks the store
+  lacks.
 - Reads: `claim(hash, tokens)` gets, verifies and stages the value; `finish` copies it into
   the pool block (kv_cache.py's two-phase load, as kv_tier.py).
 - A store that is down (store_client.py's breaker) makes reads misses and writes no-ops:
@@ -59,7 +60,8 @@ class StoreClaim(NamedTuple):
     started: float
 
 
-def encode_header(block_hash: int, tokens: Sequence[int], payload: np.ndarray) -> tuple[bytes, bytes]:
+def encode_header(block_hash: int, tokens: Sequence[int],
+                  payload: np.ndarray) -> tuple[bytes, bytes]:
     """(header, token bytes) of a store value; the payload follows them."""
     tok = np.asarray(tokens, dtype=np.int32).tobytes()
     crc = zlib.crc32(payload, zlib.crc32(tok))

@@ -2,13 +2,12 @@
 cluster's KV store (kv_store.py), or both stacked, behind the one interface KVCacheManager
 calls (offload, publish, claim, finish, contains, counts, flush).
 
-    prefix walk after the pool's hits:  tier.claim(h) ──miss──▶ store.claim(h) ──miss──▶ stop
+    prefix walk after the pool's hits:  tier.claim(h) ─miss─▶ store.claim(h) ─miss─▶ stop
     pool eviction:                      tier.offload  (the store already has what ended)
     request end (kv_cache.free):        store.publish (its full blocks the store lacks)
 """
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Sequence
 
@@ -20,8 +19,6 @@ from baton.engine.kv_store import StoreClaim, StoreTier
 from baton.engine.kv_tier import KVTier, TierCounts, tier_for
 from baton.engine.store_client import MooncakeClient
 from baton.transfer.layout import kv_layout, kv_layout_hash
-
-log = logging.getLogger(__name__)
 
 
 class TierStack:
