@@ -11,6 +11,7 @@ from baton import LLM, SamplingParams
 from baton.block_hash import hash_block_tokens
 from baton.cluster.kv_master import start_master, stop_master
 from baton.engine.block_pool import Block
+from baton.engine.kv_source import KVSource
 from baton.engine.kv_store import StoreTier
 from baton.engine.store_client import MooncakeClient
 from tests.kv_store_helpers import master, need_mooncake
@@ -92,6 +93,7 @@ def test_turn_two_on_another_engine_computes_only_the_new_suffix(tiny_llama, sto
     assert out2.outputs[0].token_ids == hf_greedy(tiny_llama, turn2, 8)
     # turn 1's prompt and answer: 37 tokens with KV (the last sampled one has none) = 9 blocks
     assert out2.num_cached_tokens == 9 * BS
+    assert out2.cached_spans == ((KVSource.STORE, 9 * BS),)  # usage: cached_by "store"
     (store,) = second.engine.counts().kv_tiers
     assert store.tier == "store" and store.totals.loaded_blocks == 9
     assert first.engine.counts().kv_tiers[0].totals.saved_blocks == 9
