@@ -6,7 +6,8 @@ what the next turn's prefill recomputes (with and without `baton up --kv-store m
 
 Each turn appends the previous answer (as the assistant message) and a tool result of a
 fixed length (--tool-words per turn), greedy, one session (`user`). Prints per turn:
-prompt tokens, `usage.prompt_tokens_details.cached_tokens`, seconds, and the load average.
+prompt tokens, `usage.prompt_tokens_details.cached_tokens`, `baton_recomputed_held_tokens`
+(computed although a worker held them) and `baton_cached_by`, seconds, the load average.
 """
 from __future__ import annotations
 
@@ -50,9 +51,12 @@ def main() -> None:
                      "temperature": 0, "user": a.session})
         seconds = time.perf_counter() - start
         usage = out["usage"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens", 0)
+        held = details.get("baton_recomputed_held_tokens", "-")
         answer = out["choices"][0]["message"]["content"]
         print(f"turn {turn}: prompt {usage['prompt_tokens']:5d}  cached {cached:5d}  "
+              f"recomputed-although-held {held:>5}  by {details.get('baton_cached_by')}  "
               f"{seconds:6.2f} s  load {os.getloadavg()[0]:.1f}", flush=True)
         messages.append({"role": "assistant", "content": answer})
 

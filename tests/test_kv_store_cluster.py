@@ -56,6 +56,10 @@ def test_turn_two_on_the_other_prefill_worker_loads_turn_one_from_the_store(tiny
         second = chat(client, history, max_tokens=8, temperature=0)
         assert second.usage.prompt_tokens > p1
         assert second.usage.prompt_tokens_details.cached_tokens >= (p1 // BS) * BS > 0
+        details = second.usage.prompt_tokens_details.model_extra
+        # the prefill worker computed nothing the decode worker held (without the store:
+        # all of turn 1's blocks, recomputed although held)
+        assert details["baton_recomputed_held_tokens"] == 0
         sums = _store_sums(url)
         assert sums["baton_kv_tier_loaded_bytes_total"] > 0
         assert sums.get("baton_kv_tier_dropped_blocks_total", 0) == 0
