@@ -62,7 +62,7 @@ class CacheConfig:
     kv_disk_tier_bytes: int = 8 << 30
     kv_store_url: str | None = None
     kv_store_segment_bytes: int = 128 << 20
-    kv_store_queue_bytes: int = 64 << 20
+    kv_store_queue_bytes: int = 256 << 20
     kv_store_local_host: str | None = None
     kv_store_model: str | None = None
 

@@ -1,7 +1,8 @@
 """The KV store tier's writer without a store (an in-memory stand-in for MooncakeClient):
-a full staging queue drops blocks and counts them instead of waiting, publishing copies the
-KV out so the pool may reuse the block at once, blocks the store already has are not put
-again, and a store that is down takes nothing and loads nothing."""
+a full staging queue drops blocks and counts them instead of waiting, a full store refusing
+puts costs only those blocks, publishing copies the KV out so the pool may reuse the block at
+once, blocks the store already has are not put again, and a store that is down takes
+nothing and loads nothing."""
 import threading
 
 import torch
@@ -24,6 +25,7 @@ class FakeClient:
         self.retry_s = 1.0
         self.segment_bytes = 0
         self.puts = 0
+        self.refuse = False  # answer puts as a full store does (connection fine)
 
     def check(self) -> None:
         pass
@@ -37,6 +39,8 @@ class FakeClient:
 
     def put(self, key, *parts) -> bool:
         self.puts += 1
+        if self.refuse:
+            return False
         self.values[key] = b"".join(bytes(p) for p in parts)
         return True
 
@@ -100,4 +104,15 @@ def test_a_store_that_is_down_takes_and_gives_nothing():
     assert tier.flush(30) and client.puts == 0 and not client.values
     assert tier.claim(1000, tuple(range(BS))) is None
     assert tier.counts().totals.unavailable >= 1
+    tier.close()
+
+
+def test_a_full_store_refusing_puts_drops_those_blocks_and_keeps_writing():
+    tier, client = _tier(slots=4)
+    client.refuse = True
+    tier.publish([_block(0), _block(1)])
+    assert tier.flush(30) and tier.totals.dropped_blocks == 2 and not client.values
+    client.refuse = False
+    tier.publish([_block(0), _block(2)])  # refused ones were forgotten: tried again
+    assert tier.flush(30) and tier.totals.saved_blocks == 2 and len(client.values) == 2
     tier.close()

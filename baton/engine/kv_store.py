@@ -100,7 +100,7 @@ class StoreTier:
     name = "store"
 
     def __init__(self, kv_cache: torch.Tensor, client: MooncakeClient, layout_hash: int,
-                 queue_bytes: int = 64 << 20) -> None:
+                 queue_bytes: int = 256 << 20) -> None:
         self.kv_cache, self.client = kv_cache, client
         self.prefix = f"baton-kv/{layout_hash:016x}/"
         shape, dtype = kv_cache.shape[1:], kv_cache.dtype
@@ -203,6 +203,10 @@ class StoreTier:
             payload = as_bytes(self._slots[slot])
             header, tok = encode_header(block_hash, tokens, payload)
             if have is None or not self.client.put(self.key(block_hash), header, tok, payload):
+                if have is not None and self.client.connected:  # refused (store full)
+                    t.dropped_blocks += 1
+                    self._forget.put(block_hash)
+                    continue
                 for h, _, _ in jobs[i:]:  # the store went down: not written
                     self._forget.put(h)
                 return

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 log = logging.getLogger(__name__)
 
 SCHEME = "mooncake"
+RPC_FAIL = -900  # Mooncake's ErrorCode::RPC_FAIL: the master did not answer
 
 
 class StoreUnavailable(RuntimeError):
@@ -81,6 +82,7 @@ class MooncakeClient:
         self.local_host = local_host or local_address_toward(self.host, self.port)
         self.retry_s = retry_s
         self.unavailable = 0
+        self.refused = 0  # puts the store refused (full), breaker untouched
         self._store = None
         self._down = True  # until set up; then while the breaker is open
         self._retry_at = 0.0
@@ -185,13 +187,18 @@ class MooncakeClient:
         return value or None  # b"": evicted since, or the call failed (next one tells)
 
     def put(self, key: str, *parts) -> bool:
-        """Store one value made of buffer `parts` (concatenated); False when it failed."""
+        """Store one value made of buffer `parts` (concatenated); False when it failed.
+        Only an RPC failure opens the breaker; a refused put (the store is full: Mooncake's
+        NO_AVAILABLE_HANDLE, -200, while it evicts) fails alone, counted in `refused`."""
         store = self._ready()
         if store is None:
             return False
         rc = store.put_parts(key, *parts)
-        if rc != 0:
+        if rc == RPC_FAIL:
             self._trip(f"put returned {rc}")
+            return False
+        if rc != 0:
+            self.refused += 1
             return False
         return True
 

@@ -69,6 +69,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(none: off)")
     g.add_argument("--kv-store-segment-bytes", type=int, default=128 << 20,
                    help="memory this worker lends the KV store (with --kv-store-url)")
+    g.add_argument("--kv-store-queue-bytes", type=int, default=256 << 20,
+                   help="staging for blocks waiting to be written to the KV store; a "
+                        "finished request's blocks beyond it are not written (counted)")
     g.add_argument("--kv-store-local-host", default=None,
                    help="address other store clients reach this worker at (default: the "
                         "one toward the master)")
@@ -123,6 +126,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                           kv_store_url=None if a.kv_store_url in (None, "", "none")
                           else a.kv_store_url,
                           kv_store_segment_bytes=a.kv_store_segment_bytes,
+                          kv_store_queue_bytes=a.kv_store_queue_bytes,
                           kv_store_local_host=a.kv_store_local_host,
                           kv_store_model=getattr(a, "served_model_name", None)),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
