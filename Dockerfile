@@ -51,11 +51,12 @@ RUN pip install --no-deps /src && rm -rf /src
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VARIANT=cpu
 RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends libibverbs1 librdmacm1; \
     if [ "$VARIANT" = cuda ]; then \
-        apt-get update; \
         apt-get install -y --no-install-recommends gcc libc6-dev; \
-        rm -rf /var/lib/apt/lists/*; \
     fi; \
+    rm -rf /var/lib/apt/lists/*; \
     groupadd --gid 10001 baton; \
     useradd --uid 10001 --gid 10001 --create-home --home-dir /home/baton baton; \
     mkdir -p /var/cache/baton; \

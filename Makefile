@@ -14,7 +14,22 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup up test test-fast model lock clean
 
+# The KV store client (mooncake-transfer-engine-non-cuda) loads Debian's libibverbs1 and
+# librdmacm1 even for TCP: installed here when missing, if we are root with apt-get; else a
+# note, and the KV store tests skip naming the library.
+STORE_LIBS := libibverbs1 librdmacm1
+
 $(STAMP): requirements.txt pyproject.toml
+	@missing=$$(for p in $(STORE_LIBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+	    | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	        apt-get update -qq && apt-get install -y -qq $$missing; \
+	    else \
+	        echo "note: $$missing missing (apt-get install $$missing as root): the KV store" \
+	             "(--kv-store) is unavailable and its tests skip"; \
+	    fi; \
+	fi
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(if $(TORCH_INDEX_URL),$(BIN)/pip install -q --index-url $(TORCH_INDEX_URL) $(TORCH_PIN))

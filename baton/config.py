@@ -44,6 +44,11 @@ class CacheConfig:
     kv_host_tier_bytes: host-memory tier below the pool for the blocks it evicts (0 = off).
     kv_disk_tier_dir / kv_disk_tier_bytes: disk tier below that (files in a fresh folder
     inside the dir; None = off). Tiers need prefix caching (engine/kv_tier.py).
+    kv_store_url: the cluster's KV store, mooncake://HOST:PORT (None = off; engine/kv_store.py).
+    kv_store_segment_bytes: memory this worker lends the store. kv_store_queue_bytes: staging
+    for blocks waiting to be written. kv_store_local_host: address other store clients reach
+    this one at (None: the one toward the master). kv_store_model: model identity in store
+    keys (None: the folder or registered name, as the KV layout's).
     """
 
     block_size: int = 16
@@ -55,6 +60,11 @@ class CacheConfig:
     kv_host_tier_bytes: int = 0
     kv_disk_tier_dir: str | None = None
     kv_disk_tier_bytes: int = 8 << 30
+    kv_store_url: str | None = None
+    kv_store_segment_bytes: int = 128 << 20
+    kv_store_queue_bytes: int = 256 << 20
+    kv_store_local_host: str | None = None
+    kv_store_model: str | None = None
 
     @property
     def kv_tier_enabled(self) -> bool:
@@ -73,6 +83,11 @@ class CacheConfig:
                              f"{self.kv_memory_fraction}")
         if self.kv_host_tier_bytes < 0 or self.kv_disk_tier_bytes <= 0:
             raise ValueError("kv_host_tier_bytes must be ≥ 0 and kv_disk_tier_bytes > 0")
+        if self.kv_store_url is not None:
+            from baton.engine.store_client import parse_store_url
+            parse_store_url(self.kv_store_url)
+        if self.kv_store_segment_bytes < 0 or self.kv_store_queue_bytes <= 0:
+            raise ValueError("kv_store_segment_bytes must be ≥ 0 and kv_store_queue_bytes > 0")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ class LLM:
 
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
     num_blocks, kv_cache_memory_bytes, kv_memory_fraction, enable_prefix_caching,
-    kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes) or SchedulerConfig
+    kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes, kv_store_url, ...) or
+    SchedulerConfig
     (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_bypass_s).
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """

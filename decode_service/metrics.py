@@ -64,7 +64,7 @@ class DecodeMetrics:
                               "rates (EWMA)", ["kind"], registry=r)
         self.cached_prompt_tokens = Counter(
             "baton_decode_cached_prompt_tokens", "Prompt tokens not computed for a request, "
-            "by where they came from (decode_pool, prefill_pool, host_tier, disk_tier)",
+            "by where they came from (decode_pool, prefill_pool, host_tier, disk_tier, store)",
             ["source"], registry=r)
         self.recomputed_held_tokens = Counter(
             "baton_decode_recomputed_held_tokens", "Prompt tokens a prefill worker computed "

@@ -3,7 +3,9 @@
     decide(PDState, PDRates, PDPolicy) -> PDDecision          pure: no I/O, no clock
 
     uncached = prompt tokens − decode's own prefix hit (the prefill worker's hit is unknown
-               here: it is taken as no better than decode's, so both paths compute `uncached`)
+               here: it is taken as no better than decode's, so both paths compute `uncached`;
+               with a KV store, --kv-store-url, that is what happens: what decode holds of a
+               finished turn is in the store, and the prefill worker's prefix walk loads it)
     stall    = uncached / local rate           every running sequence waits this long for its
                                                next token while a local prefill runs (chunking
                                                spreads the stall over steps, it adds up the same)

@@ -44,7 +44,7 @@ class GatewayMetrics:
                                      "Prompt tokens served from a prefix cache", registry=r)
         self.cached_by = Counter("baton_gateway_cached_prompt_tokens_by_source",
                                  "Prompt tokens not computed, by where they came from "
-                                 "(decode_pool, prefill_pool, host_tier, disk_tier)",
+                                 "(decode_pool, prefill_pool, host_tier, disk_tier, store)",
                                  ["source"], registry=r)
         self.recomputed_held = Counter("baton_gateway_recomputed_held_tokens",
                                        "Prompt tokens computed although a worker held them",

@@ -89,7 +89,7 @@ def usage_dict(spec: OutputSpec, usages: dict[int, common_pb2.Usage], counted: i
     the workers left at 0 fall back to the gateway's own (prompt lengths, tokens relayed).
 
     Baton's extension inside prompt_tokens_details: `baton_cached_by` (cached_tokens by
-    source: decode_pool, prefill_pool, host_tier, disk_tier; they sum to cached_tokens)
+    source: decode_pool, prefill_pool, host_tier, disk_tier, store; they sum to cached_tokens)
     and `baton_recomputed_held_tokens` (prompt tokens computed although a worker held them).
     """
     prompt = sum(u.prompt_tokens for u in usages.values()) or spec.prompt_len

@@ -35,6 +35,7 @@ class KVSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_SOURCE_PREFILL_POOL: _ClassVar[KVSource]
     KV_SOURCE_HOST_TIER: _ClassVar[KVSource]
     KV_SOURCE_DISK_TIER: _ClassVar[KVSource]
+    KV_SOURCE_STORE: _ClassVar[KVSource]
 
 class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,7 @@ KV_SOURCE_DECODE_POOL: KVSource
 KV_SOURCE_PREFILL_POOL: KVSource
 KV_SOURCE_HOST_TIER: KVSource
 KV_SOURCE_DISK_TIER: KVSource
+KV_SOURCE_STORE: KVSource
 WORKER_ROLE_UNSPECIFIED: WorkerRole
 WORKER_ROLE_PREFILL: WorkerRole
 WORKER_ROLE_DECODE: WorkerRole

@@ -18,7 +18,8 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0", "--api-key", "k",
               "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
               "--kv-host-tier-bytes", "4096", "--kv-disk-tier-dir", "/tmp/t",
-              "--kv-disk-tier-bytes", "8192", "--slo-ttft-ms", "1500"]
+              "--kv-disk-tier-bytes", "8192", "--slo-ttft-ms", "1500",
+              "--kv-store-url", "mooncake://127.0.0.1:5", "--kv-store-segment-bytes", "4096"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -37,6 +38,9 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
         if up.kv_host_tier_bytes is not None:
             assert (engine.cache.kv_host_tier_bytes, engine.cache.kv_disk_tier_dir,
                     engine.cache.kv_disk_tier_bytes) == (4096, "/tmp/t", 8192)
+        assert engine.cache.kv_store_url == up.kv_store_url
+        if up.kv_store_segment_bytes is not None:
+            assert engine.cache.kv_store_segment_bytes == up.kv_store_segment_bytes
     decode = decode_parse(decode_args(up))
     if up.min_remote_tokens is not None:
         assert decode.min_remote_tokens == up.min_remote_tokens
@@ -57,3 +61,10 @@ def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
     assert (cfg.max_model_len, cfg.block_size) == (up.max_model_len, up.block_size)
     assert cfg.shutdown_grace_s == up.shutdown_grace_s
     assert cfg.slo_ttft_ms == up.slo_ttft_ms  # None (admission off) unless given
+
+
+def test_a_bad_kv_store_url_is_refused_before_start():
+    from baton.cluster.flags import bad_flags
+    assert "--kv-store-url" in bad_flags(build_parser().parse_args(
+        ["--kv-store-url", "http://127.0.0.1:5"]))
+    assert bad_flags(build_parser().parse_args(["--kv-store", "mooncake"])) is None

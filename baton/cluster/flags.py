@@ -8,6 +8,7 @@ import socket
 
 from baton.cluster.plan import fixed_ports
 from baton.cluster.supervise import Backoff
+from baton.engine.store_client import parse_store_url
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-remote-tokens", type=int, default=None,
                    help="decode: fixed P/D threshold, shortest uncached suffix prefilled "
                         "remotely (default: the cost-based decider)")
+    p.add_argument("--kv-store", choices=["none", "mooncake"], default="none",
+                   help="mooncake: start a local mooncake_master and point every worker at it "
+                        "(finished turns' KV blocks are loaded by the next prefill anywhere)")
+    p.add_argument("--kv-store-url", default=None,
+                   help="an existing store's master, mooncake://HOST:PORT (instead of a local one)")
+    p.add_argument("--kv-store-segment-bytes", type=int, default=None,
+                   help="memory each worker lends the KV store")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--pin", choices=["none", "split"], default="none",
                    help="split: pin prefill and decode workers to disjoint CPU sets")
@@ -113,4 +121,9 @@ def bad_flags(a: argparse.Namespace) -> str | None:
         backoff(a)
     except ValueError as e:
         return f"--restart-delay-s / --restart-max-delay-s / --restart-reset-s: {e}"
+    if a.kv_store_url is not None:
+        try:
+            parse_store_url(a.kv_store_url)
+        except ValueError as e:
+            return f"--kv-store-url: {e}"
     return None

@@ -18,7 +18,8 @@ from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
-                 "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes")
+                 "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes",
+                 "kv_store_url", "kv_store_segment_bytes")
 _GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s",
                   "slo_ttft_ms")
 

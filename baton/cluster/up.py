@@ -7,6 +7,9 @@
 
 1. resolve the model once here (a registered model is converted on first use, not by every
    worker at once);
+1b. with --kv-store mooncake (and no --kv-store-url), start a local mooncake_master on a
+   free port (kv_master.py; killed with this process) and give every worker its URL
+   (--kv-store-url); it is not restarted if it dies (workers then serve without it);
 2. start every worker as `python -m prefill_service|decode_service --port 0` (its own process
    group, one torch thread, killed with this process if it dies: child.py; flags and CPU
    sets: plan.py) and wait for each one's `READY port=N` line; colocated mode starts decode
@@ -46,6 +49,7 @@ from pathlib import Path
 
 from baton.cluster.child import Child
 from baton.cluster.flags import backoff, bad_flags, build_parser, port_taken
+from baton.cluster.kv_master import start_master, stop_master
 from baton.cluster.plan import (
     child_env,
     cpu_plan,
@@ -85,6 +89,7 @@ class Cluster:
         self.prefill: list[Child] = []
         self.decode: list[Child] = []
         self.gateway: Child | None = None
+        self.kv_master: Child | None = None
         self.stop_signal: int | None = None
         self.cpus: dict[str, frozenset[int] | None] = {}
         self.roles: dict[str, str] = {}  # child name -> role
@@ -125,6 +130,12 @@ class Cluster:
         """Start the workers, wait for their READY lines, then the gateway until healthy."""
         a = self.a
         self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
+        if a.kv_store == "mooncake" and a.kv_store_url is None:
+            try:
+                self.kv_master, a.kv_store_url = start_master(self.log_dir / "kv-store.log",
+                                                              self.env)
+            except RuntimeError as e:
+                raise StartupError(str(e)) from None
         if a.mode == "disaggregated":
             self.prefill = [self._child(f"prefill-{i}", "prefill", prefill_args(a),
                                         self.cpus[f"prefill-{i}"])
@@ -190,6 +201,8 @@ class Cluster:
                           f"{grace + self.a.stop_timeout:g} s; killing it", file=sys.stderr)
                     c.proc.kill()
                     c.proc.wait()
+        if self.kv_master is not None:
+            stop_master(self.kv_master, self.a.stop_timeout)
 
 
 def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
@@ -200,6 +213,8 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     auth = f" -H {shlex.quote('Authorization: Bearer ' + a.api_key)}" if a.api_key else ""
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
         f"{len(cluster.decode)} decode worker(s), routing {a.routing}, transport {a.transport}"
+    if a.kv_store_url:
+        roles += f", KV store {a.kv_store_url}"
     pins = {n: sorted(c) for n, c in cluster.cpus.items() if c}
     if pins:
         roles += ", CPUs " + " ".join(f"{n}={','.join(map(str, c))}" for n, c in pins.items())

@@ -9,6 +9,9 @@
     block_pool       Block, BlockPool: ref counts, the LRU free queue, the hash → block map
     kv_tier          KVTier: blocks the pool evicts go to host memory, then disk; hits load back
     tier_store       HostTier (preallocated slots), DiskTier (one CRC-checked file a block)
+    kv_store         StoreTier: finished requests' blocks in the cluster's Mooncake Store,
+                     loaded by any worker's prefix walk (store_client: the client, breaker)
+    tier_stack       TierStack: the tier and the store behind one interface (tiers_for)
     model_runner     one batched forward over a step's rows, then sampling
     sampler          temperature, top-k/p, min-p, seeded draws, logprobs (+ penalties.py)
     grammar          structured outputs: compiled grammars (xgrammar), per-request matchers,

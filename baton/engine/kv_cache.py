@@ -301,6 +301,8 @@ class KVCacheManager:
         entry = self.requests.pop(request_id, None)
         hint = self.hints.pop(request_id, None) if final else self.hints.get(request_id)
         if entry is not None:
+            if self.tier is not None:
+                self.tier.publish(entry.blocks)  # to the KV store, if any (kv_store.py)
             self.pool.release(list(reversed(entry.blocks)), hint)
         if final and hint is not None:
             if hint.end:

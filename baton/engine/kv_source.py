@@ -29,9 +29,12 @@ class KVSource(enum.Enum):
     POOL = "pool"
     HOST_TIER = "host_tier"
     DISK_TIER = "disk_tier"
+    STORE = "store"  # the cluster's KV store (kv_store.py)
 
 
-TIER_SOURCES = {"host": KVSource.HOST_TIER, "disk": KVSource.DISK_TIER}  # kv_tier's names
+# the `tier` a claim names (kv_tier.py, kv_store.py) → its source
+TIER_SOURCES = {"host": KVSource.HOST_TIER, "disk": KVSource.DISK_TIER,
+                "store": KVSource.STORE}
 
 
 def spans_of(sources: Iterable[KVSource], block_size: int) -> Spans:

@@ -49,7 +49,8 @@ class TierTotals:
     hits / misses: block lookups past the pool's hits that found / did not find the block
     in this tier. saved_* / loaded_*: blocks moved into / out of this tier, their bytes and
     the seconds spent. dropped_blocks: blocks this tier lost to a failed write or a corrupt,
-    truncated or missing file (each recomputed when next needed).
+    truncated or missing file (each recomputed when next needed). unavailable: the KV
+    store tier's calls answered "down" (kv_store.py; 0 for host and disk).
     """
 
     hits: int = 0
@@ -61,6 +62,7 @@ class TierTotals:
     loaded_bytes: int = 0
     load_seconds: float = 0.0
     dropped_blocks: int = 0
+    unavailable: int = 0  # the KV store's calls not made or failed while it was down
 
 
 class TierCounts(NamedTuple):
@@ -130,6 +132,9 @@ class KVTier:
             else:
                 copy_block(self._save_buf, self.kv_cache[b.block_id])
                 self._save_disk(b.block_hash, b.token_ids, self._save_buf)
+
+    def publish(self, blocks: Sequence[Block]) -> None:
+        """A request ended (kv_cache.free): nothing to do here (the KV store's hook)."""
 
     def _save_host(self, block_hash: int, tokens: tuple[int, ...], block_id: int) -> None:
         host, t = self.host, self.host_totals

@@ -26,7 +26,6 @@ from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
 from baton.engine.grammar import GrammarCompiler
 from baton.engine.kv_budget import auto_num_blocks, read_mem_available
 from baton.engine.kv_cache import KVCacheManager
-from baton.engine.kv_tier import tier_for
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
 from baton.engine.request import Request, RequestStatus, resolve_max_tokens
@@ -34,6 +33,7 @@ from baton.engine.sampler import SamplerOutput, make_generator
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.scheduler import AdmissionError, Scheduler
 from baton.engine.stats import EngineCounts, EngineStats, counts_of, snapshot
+from baton.engine.tier_stack import tiers_for
 from baton.models.decoder import DecoderModel
 from baton.models.registry import resolve_model
 from baton.outputs import StepOutput, TokenLogprob
@@ -70,7 +70,7 @@ class LLMEngine:
                                            config.max_model_len, num_blocks * cache.block_size)
         self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                 tier=tier_for(self.runner.kv_cache, cache))
+                                 tier=tiers_for(self.runner.kv_cache, cache, config.model))
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)

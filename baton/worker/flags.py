@@ -63,6 +63,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="disk tier below the host tier: block files go in a fresh folder here")
     g.add_argument("--kv-disk-tier-bytes", type=int, default=8 << 30,
                    help="disk tier budget in bytes (with --kv-disk-tier-dir)")
+    g.add_argument("--kv-store-url", "--kv-store", dest="kv_store_url", default=None,
+                   help="cluster-wide KV store, mooncake://HOST:PORT (a mooncake_master): "
+                        "finished requests' blocks go there, prefills load from it "
+                        "(none: off)")
+    g.add_argument("--kv-store-segment-bytes", type=int, default=128 << 20,
+                   help="memory this worker lends the KV store (with --kv-store-url)")
+    g.add_argument("--kv-store-queue-bytes", type=int, default=256 << 20,
+                   help="staging for blocks waiting to be written to the KV store; a "
+                        "finished request's blocks beyond it are not written (counted)")
+    g.add_argument("--kv-store-local-host", default=None,
+                   help="address other store clients reach this worker at (default: the "
+                        "one toward the master)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context limit (default: the model's, within the KV pool)")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -110,7 +122,13 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                           enable_prefix_caching=not a.no_prefix_caching,
                           kv_host_tier_bytes=a.kv_host_tier_bytes,
                           kv_disk_tier_dir=a.kv_disk_tier_dir,
-                          kv_disk_tier_bytes=a.kv_disk_tier_bytes),
+                          kv_disk_tier_bytes=a.kv_disk_tier_bytes,
+                          kv_store_url=None if a.kv_store_url in (None, "", "none")
+                          else a.kv_store_url,
+                          kv_store_segment_bytes=a.kv_store_segment_bytes,
+                          kv_store_queue_bytes=a.kv_store_queue_bytes,
+                          kv_store_local_host=a.kv_store_local_host,
+                          kv_store_model=getattr(a, "served_model_name", None)),
         scheduler=SchedulerConfig(max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs,
                                   long_prefill_token_threshold=a.long_prefill_token_threshold,

@@ -1,10 +1,13 @@
 """The KV tier's series on a worker's /metrics (decode and prefill alike), one label `tier`
-("host" | "disk"); read from `EngineCounts.kv_tiers` at scrape time, absent without tiers.
-Beside them, always: the engine's prefix hits in tokens by where it found them,
+("host" | "disk" | "store": the cluster's KV store, engine/kv_store.py, whose blocks and
+capacity are the blocks this worker knows are there and the segment it lends); read from
+`EngineCounts.kv_tiers` at scrape time, absent without tiers. Beside them, always: the
+engine's prefix hits in tokens by where it found them,
 
     baton_kv_cached_prompt_tokens_total{source}  counter  prompt tokens not computed, found
                                                           in the pool ("pool") or loaded
-                                                          from "host_tier" / "disk_tier"
+                                                          from "host_tier" / "disk_tier" /
+                                                          "store"
 
     baton_kv_tier_blocks{tier}                   gauge    blocks held
     baton_kv_tier_bytes{tier}                    gauge    bytes held (disk: file bytes)
@@ -16,6 +19,7 @@ Beside them, always: the engine's prefix hits in tokens by where it found them,
     baton_kv_tier_loaded_bytes_total{tier}       counter  bytes loaded back into the pool
     baton_kv_tier_load_seconds_total{tier}       counter  seconds spent on those loads
     baton_kv_tier_dropped_blocks_total{tier}     counter  blocks lost (bad file, failed write)
+    baton_kv_tier_unavailable_total{tier}        counter  store calls answered "down"
     baton_kv_tier_recomputed_blocks_total        counter  tier blocks found unusable on load
                                                           and recomputed
 """
@@ -40,6 +44,8 @@ _COUNTERS = (
     ("load_seconds", "Seconds spent loading blocks from the tier", lambda t: t.load_seconds),
     ("dropped_blocks", "Blocks the tier lost (corrupt or truncated file, failed write)",
      lambda t: t.dropped_blocks),
+    ("unavailable", "Tier calls not made or failed because the KV store was down",
+     lambda t: t.unavailable),
 )
 
 

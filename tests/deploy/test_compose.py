@@ -68,11 +68,13 @@ def test_broken_copy_is_rejected(tmp_path, name):
 
 def test_start_order_is_health_gated():
     services = resolved()["services"]
-    assert set(services) == {"model", "prefill", "decode", "gateway"}
+    assert set(services) == {"model", "prefill", "decode", "gateway", "kv-store"}
     assert services["model"]["command"][0] == "prepare-model"
     for worker in WORKERS:
         assert services[worker]["depends_on"]["model"]["condition"] == \
             "service_completed_successfully"
+        # started, not healthy: a worker serves without the store while it is down
+        assert services[worker]["depends_on"]["kv-store"]["condition"] == "service_started"
     assert services["decode"]["depends_on"]["prefill"]["condition"] == "service_healthy"
     assert {k: v["condition"] for k, v in services["gateway"]["depends_on"].items()} == \
         {"prefill": "service_healthy", "decode": "service_healthy"}
@@ -217,3 +219,22 @@ def test_stop_grace_covers_the_drain():
         assert _seconds(services[name]["stop_grace_period"]) >= drain + 5, name
     # the gateway lets streams run as long as decode drains them, not shorter
     assert drains["gateway"] >= drains["decode"]
+
+
+def test_workers_share_the_kv_store_master():
+    """kv-store runs mooncake_master on the port the workers' --kv-store-url names;
+    BATON_KV_STORE_URL=none turns the store off in both workers' parsers."""
+    from decode_service.config import parse_args as decode_args
+    from prefill_service.config import parse_args as prefill_args
+
+    services = resolved()["services"]
+    master = services["kv-store"]
+    assert master["entrypoint"] == ["mooncake_master"]
+    assert "--rpc_port=50053" in master["command"] and "50053" in master["expose"]
+    parsers = {"prefill": prefill_args, "decode": decode_args}
+    for worker, parse in parsers.items():
+        cfg = parse(services[worker]["command"][1:]).engine.cache
+        assert cfg.kv_store_url == "mooncake://kv-store:50053", worker
+    off = resolved(BATON_KV_STORE_URL="none")["services"]
+    for worker, parse in parsers.items():
+        assert parse(off[worker]["command"][1:]).engine.cache.kv_store_url is None, worker

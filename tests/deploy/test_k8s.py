@@ -36,6 +36,14 @@ def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+KV_STORE = "baton-kv-store"  # the Mooncake master: not a Baton role (test_kv_store_master)
+
+
+def baton_deployments(docs: list[dict]) -> dict[str, dict]:
+    """The gateway's and the workers' Deployments (the KV store master left out)."""
+    return {n: d for n, d in by_kind(docs, "Deployment").items() if n != KV_STORE}
+
+
 def kubectl_kustomize(folder: Path) -> list[dict] | None:
     if shutil.which("kubectl") is None:
         return None
@@ -104,7 +112,7 @@ def test_broken_manifest_fails_validation(tmp_path):
 
 def test_workers_are_discoverable_and_probed(overlay):
     _, docs = overlay
-    services, deployments = by_kind(docs, "Service"), by_kind(docs, "Deployment")
+    services, deployments = by_kind(docs, "Service"), baton_deployments(docs)
     assert set(deployments) == {"baton-gateway", "baton-prefill", "baton-decode"}
     for name, dep in deployments.items():
         template = dep["spec"]["template"]
@@ -156,7 +164,7 @@ def test_grace_period_covers_prestop_and_drain(overlay):
     _, docs = overlay
     config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
     drains = {}
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in baton_deployments(docs).items():
         pod = dep["spec"]["template"]["spec"]
         container = pod["containers"][0]
         command = container["lifecycle"]["preStop"]["exec"]["command"]
@@ -172,7 +180,7 @@ def test_grace_period_covers_prestop_and_drain(overlay):
 
 def test_gpu_requests(overlay):
     name, docs = overlay
-    for dep_name, dep in by_kind(docs, "Deployment").items():
+    for dep_name, dep in baton_deployments(docs).items():
         res = dep["spec"]["template"]["spec"]["containers"][0]["resources"]
         gpus = res["requests"].get("nvidia.com/gpu")
         if name == "gpu" and dep_name != "baton-gateway":
@@ -206,7 +214,7 @@ def test_args_parse_with_the_real_parsers(overlay):
     config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
     parsers = {"serve-decode": decode_args, "serve-prefill": prefill_args,
                "gateway": gateway_args, "prepare-model": None}
-    for dep in by_kind(docs, "Deployment").values():
+    for dep in baton_deployments(docs).values():
         pod = dep["spec"]["template"]["spec"]
         for c in pod["initContainers"] + pod["containers"]:
             assert all(ref["configMapRef"]["name"] == "baton-config" for ref in c["envFrom"])
@@ -258,7 +266,7 @@ def test_model_cache_is_one_shared_claim(overlay):
     [claim] = by_kind(docs, "PersistentVolumeClaim").values()
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in baton_deployments(docs).items():
         pod = dep["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["model-cache"] == {"name": "model-cache", "persistentVolumeClaim":
@@ -267,3 +275,28 @@ def test_model_cache_is_one_shared_claim(overlay):
         for c in pod["initContainers"] + pod["containers"]:
             assert {"name": "model-cache", "mountPath": config["BATON_CACHE_DIR"]} in \
                 c["volumeMounts"], (name, c["name"])
+
+
+def test_kv_store_master(overlay):
+    """One Mooncake master behind a ClusterIP Service; both worker roles dial it through
+    BATON_KV_STORE_URL, and their parsers accept the URL (and "none", which turns it off)."""
+    from decode_service.config import parse_args as decode_args
+    from prefill_service.config import parse_args as prefill_args
+
+    _, docs = overlay
+    svc, dep = by_kind(docs, "Service")[KV_STORE], by_kind(docs, "Deployment")[KV_STORE]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert dep["spec"]["replicas"] == 1
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["mooncake_master"]
+    [port] = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "rpc"]
+    assert f"--rpc_port={port}" in container["args"]
+    assert container["readinessProbe"]["tcpSocket"]["port"] == "rpc"
+    config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
+    assert config["BATON_KV_STORE_URL"] == f"mooncake://{KV_STORE}:{port}"
+    for name, parse in (("baton-prefill", prefill_args), ("baton-decode", decode_args)):
+        c = by_kind(docs, "Deployment")[name]["spec"]["template"]["spec"]["containers"][0]
+        args = [expand(a, config, c) for a in c["args"]]
+        assert parse(args[1:]).engine.cache.kv_store_url == config["BATON_KV_STORE_URL"]
+        off = [a for a in args[1:] if not a.startswith("--kv-store-url=")]
+        assert parse([*off, "--kv-store-url=none"]).engine.cache.kv_store_url is None

@@ -91,7 +91,8 @@ async def test_prompt_list_is_one_response_indexed_prompt_major(prompts, echo):
                              "prompt_tokens_details": {
                                  "cached_tokens": 3, "baton_recomputed_held_tokens": 6,
                                  "baton_cached_by": {"decode_pool": 0, "prefill_pool": 0,
-                                                     "host_tier": 3, "disk_tier": 0}}}
+                                                     "host_tier": 3, "disk_tier": 0,
+                                                     "store": 0}}}
     requests = echo.servicer.requests
     assert sorted(r.request_id for r in requests) == [f"{body['id']}-{i}" for i in range(3)]
     assert all(r.sampling_params.n == 2 for r in requests)

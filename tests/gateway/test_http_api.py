@@ -37,7 +37,8 @@ async def test_chat_non_stream(gateway, fake):
     assert usage["total_tokens"] == usage["prompt_tokens"] + 3
     assert usage["prompt_tokens_details"] == {
         "cached_tokens": 0, "baton_recomputed_held_tokens": 0,
-        "baton_cached_by": {"decode_pool": 0, "prefill_pool": 0, "host_tier": 0, "disk_tier": 0}}
+        "baton_cached_by": {"decode_pool": 0, "prefill_pool": 0, "host_tier": 0, "disk_tier": 0,
+                            "store": 0}}
     req = fake.servicer.requests[-1]
     sp = req.sampling_params
     assert (sp.max_tokens, sp.seed, sp.top_k) == (8, 7, 5)
