@@ -33,7 +33,16 @@ from baton.bench.agentx import (
 )
 from baton.bench.agentx_results import HarnessSummary, read_records, read_summary
 from baton.bench.agentx_trace import NotBlockTrace, write_trace_dir
-from baton.bench.args import HelpFormatter, add_run_args, add_workload_args, load_workload
+from baton.bench.args import (
+    HelpFormatter,
+    add_cluster_args,
+    add_run_args,
+    add_workload_args,
+    cluster_spec,
+    counter_for,
+    load_workload,
+    parse_levels,
+)
 from baton.bench.client import RequestRecord
 from baton.bench.local import ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
@@ -197,7 +206,6 @@ def print_harness_compare(rows: dict, title: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from baton.bench.cli import add_cluster_args
 
     p = argparse.ArgumentParser(prog="baton bench agentx", description=__doc__,
                                 formatter_class=HelpFormatter)
@@ -214,8 +222,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from baton.bench.args import counter_for
-    from baton.bench.cli import cluster_spec, parse_levels
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from baton.bench import loaders
+from baton.bench.local import ServerSpec
 from baton.bench.synthetic import BurstsConfig, SyntheticConfig, bursts, generate
 from baton.bench.tokens import TokenCounter
 from baton.bench.workload import Scaling, Session
@@ -100,3 +101,30 @@ def load_workload(args, counter: TokenCounter) -> list[Session]:
     if args.workload == "mooncake":
         return loaders.load_mooncake(path, scaling)
     return loaders.load_agentx(path, scaling)
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the local cluster started when no --url is given."""
+    g = p.add_argument_group("local cluster (without --url)")
+    g.add_argument("--cluster-mode", choices=("disaggregated", "colocated"),
+                   default="disaggregated", help="the local cluster's `baton up --mode`")
+    g.add_argument("--routing", choices=("session", "kv", "round-robin"), default="session",
+                   help="the local cluster's gateway routing")
+    g.add_argument("--num-decode", type=int, default=1, help="local cluster: decode workers")
+    g.add_argument("--num-prefill", type=int, default=1, help="local cluster: prefill workers")
+    g.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds the local cluster may take to become ready")
+
+
+def parse_levels(text: str) -> list[int]:
+    levels = [int(x) for x in str(text).split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"--concurrency needs positive integers, got {text!r}")
+    return levels
+
+
+def cluster_spec(args) -> ServerSpec:
+    """The local cluster `add_cluster_args` describes."""
+    return ServerSpec(name=f"baton-{args.cluster_mode}-{args.routing}", mode=args.cluster_mode,
+                      routing=args.routing, num_decode=args.num_decode,
+                      num_prefill=args.num_prefill)

@@ -19,12 +19,15 @@ from typing import NamedTuple
 
 from baton.bench.args import (
     HelpFormatter,
+    add_cluster_args,
     add_run_args,
     add_workload_args,
+    cluster_spec,
     counter_for,
     load_workload,
+    parse_levels,
 )
-from baton.bench.local import ServerSpec, ServerStartError, running_server
+from baton.bench.local import ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
 from baton.bench.plots import plot_cdfs, plot_tradeoff, plot_turns, plot_workers
 from baton.bench.prepare import Preparer
@@ -87,12 +90,6 @@ def run_levels(url: str, args, sessions: list[Session], counter: TokenCounter,
     return out
 
 
-def cluster_spec(args) -> ServerSpec:
-    return ServerSpec(name=f"baton-{args.cluster_mode}-{args.routing}", mode=args.cluster_mode,
-                      routing=args.routing, num_decode=args.num_decode,
-                      num_prefill=args.num_prefill)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton bench", description=__doc__,
                                 formatter_class=HelpFormatter)
@@ -102,26 +99,6 @@ def _parser() -> argparse.ArgumentParser:
     add_workload_args(p)
     add_run_args(p)
     return p
-
-
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """The flags of the local cluster started when no --url is given."""
-    g = p.add_argument_group("local cluster (without --url)")
-    g.add_argument("--cluster-mode", choices=("disaggregated", "colocated"),
-                   default="disaggregated", help="the local cluster's `baton up --mode`")
-    g.add_argument("--routing", choices=("session", "kv", "round-robin"), default="session",
-                   help="the local cluster's gateway routing")
-    g.add_argument("--num-decode", type=int, default=1, help="local cluster: decode workers")
-    g.add_argument("--num-prefill", type=int, default=1, help="local cluster: prefill workers")
-    g.add_argument("--startup-timeout", type=float, default=600.0,
-                   help="seconds the local cluster may take to become ready")
-
-
-def parse_levels(text: str) -> list[int]:
-    levels = [int(x) for x in str(text).split(",") if x.strip()]
-    if not levels or min(levels) < 1:
-        raise SystemExit(f"--concurrency needs positive integers, got {text!r}")
-    return levels
 
 
 def main(argv: list[str] | None = None) -> int:
