@@ -1,5 +1,13 @@
 """NIXL transport, prefill side: `NixlSender` (see nixl.py for the whole picture: the
-hand-over, the progress threads and how errors end a send)."""
+hand-over, the progress threads and how errors end a send).
+
+A transfer is a list of WRITEs into consecutive dst blocks: send() makes one, a streamed
+transfer (begin/push) one per push. Only the last WRITE carries the notification
+"baton-kv:<tid>", and it is posted only once every earlier WRITE of the transfer completed:
+NIXL notifies per request, so the receiver sees DONE only when every byte has landed (it
+needs to know nothing of streaming). cancel(), an error or the deadline release every
+request of the transfer (NIXL cancels what is still in flight) before its state turns final.
+"""
 from __future__ import annotations
 
 import logging
@@ -34,14 +42,30 @@ class _Peer:
 
 
 @dataclass
-class _Xfer:
-    endpoint: transfer_pb2.TransferEndpoint
+class _Write:
+    """One NIXL WRITE: src blocks into dst blocks; `last` carries the notification."""
+
     src: list[int]
     dst: list[int]
+    last: bool
+    handle: object | None = None  # posted and not yet complete
+    done: bool = False
+
+
+@dataclass
+class _Xfer:
+    endpoint: transfer_pb2.TransferEndpoint
+    dst: list[int]    # every dst block, in write order
     deadline: float
-    state: TransferState = TransferState.PENDING  # PENDING = not posted yet
-    handle: object | None = None
+    writes: list[_Write] = field(default_factory=list)
+    pushed: int = 0   # dst blocks given to a write so far
+    stopping: bool = False  # cancel() came: release everything, then CANCELLED
+    state: TransferState = TransferState.PENDING  # PENDING = nothing posted yet
     peer: _Peer | None = field(default=None, repr=False)  # keeps the remote dlist alive
+
+    def busy(self) -> bool:
+        """Whether the progress thread has work here (a write to post or to check)."""
+        return not self.state.finished and (self.stopping or any(not w.done for w in self.writes))
 
 
 class NixlSender(KVSender):
@@ -52,6 +76,7 @@ class NixlSender(KVSender):
     """
 
     transport = "nixl"
+    streams = True
 
     def __init__(self, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, name: str | None = None) -> None:
         super().__init__(kv_cache, layout)
@@ -60,7 +85,7 @@ class NixlSender(KVSender):
         mem, device_id = memory_of(kv_cache)
         descs = block_descs(kv_cache.data_ptr(), self.block_bytes, self.num_blocks, device_id)
         self._local = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", descs, mem)
-        self._peers: dict[str, _Peer] = {}  # progress thread only
+        self._peers: dict[str, _Peer] = {}  # agent lock only
         self._xfers: dict[str, _Xfer] = {}
         self._orphans: list[_Xfer] = []  # forgotten while live: cancelled by the progress thread
         self._closed = False
@@ -68,29 +93,38 @@ class NixlSender(KVSender):
         self._poller = Poller(self._tick, f"{self._agent.name}-progress")
 
     def _start(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        x = self._open(endpoint, transfer_id, dst, deadline)
+        if src:
+            self._add_write(transfer_id, x, src)
+
+    def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
+        self._open(endpoint, transfer_id, dst, deadline)
+        self._poller.wake()  # it loads the peer now, not at the first push (nor in this thread)
+
+    def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
         with self._lock:
-            if self._closed:
-                raise RuntimeError("NixlSender is closed")
-            if transfer_id in self._xfers:
-                raise ValueError(f"transfer {transfer_id!r} is already live")
-            x = self._xfers[transfer_id] = _Xfer(endpoint, src, dst, deadline)
-            if not src:
-                x.state = TransferState.DONE
-        if len(src) * self.block_bytes <= INLINE_BYTES and self._agent_lock.acquire(blocking=False):
-            try:
-                if x.state == TransferState.PENDING:
-                    self._post(transfer_id, x)
-            finally:
-                self._agent_lock.release()
-        self._poller.wake()
+            x = self._xfers[transfer_id]
+            if len(src) > len(x.dst) - x.pushed:
+                raise ValueError(f"{len(src)} blocks pushed, {len(x.dst) - x.pushed} left")
+            if x.state.finished or x.stopping or not src:
+                return
+        self._add_write(transfer_id, x, src)
+
+    def cancel(self, transfer_id: str) -> None:
+        with self._lock:
+            x = self._xfers.get(transfer_id)
+            if x is None or x.state.finished:
+                return
+            x.stopping = True
+        self._drive(transfer_id, x)
 
     def poll(self, transfer_id: str) -> TransferState:
         with self._lock:
             x = self._xfers[transfer_id]
-        if x.state == TransferState.IN_PROGRESS and self._agent_lock.acquire(blocking=False):
+        if not x.state.finished and self._agent_lock.acquire(blocking=False):
             try:
-                if x.state == TransferState.IN_PROGRESS and self._agent is not None:
-                    self._check(transfer_id, x)
+                if self._agent is not None:
+                    self._advance(transfer_id, x, inline=True)
             finally:
                 self._agent_lock.release()
         with self._lock:
@@ -113,6 +147,35 @@ class NixlSender(KVSender):
         with self._agent_lock:
             self._shutdown()
 
+    def _open(self, endpoint, transfer_id: str, dst: list[int], deadline: float) -> _Xfer:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("NixlSender is closed")
+            if transfer_id in self._xfers:
+                raise ValueError(f"transfer {transfer_id!r} is already live")
+            x = self._xfers[transfer_id] = _Xfer(endpoint, dst, deadline)
+            if not dst:
+                x.state = TransferState.DONE
+            return x
+
+    def _add_write(self, tid: str, x: _Xfer, src: list[int]) -> None:
+        with self._lock:
+            dst = x.dst[x.pushed:x.pushed + len(src)]
+            x.pushed += len(src)
+            x.writes.append(_Write(src, dst, last=x.pushed == len(x.dst)))
+        self._drive(tid, x)
+
+    def _drive(self, tid: str, x: _Xfer) -> None:
+        """Advance the transfer in the caller's thread when the agent is free (posting no
+        more than INLINE_BYTES there), and wake the progress thread for the rest."""
+        if self._agent_lock.acquire(blocking=False):
+            try:
+                if self._agent is not None:
+                    self._advance(tid, x, inline=True)
+            finally:
+                self._agent_lock.release()
+        self._poller.wake()
+
     def _shutdown(self) -> None:
         for x in [*self._xfers.values(), *self._orphans]:
             self._release(x)
@@ -132,45 +195,76 @@ class NixlSender(KVSender):
                 live = [(tid, x) for tid, x in self._xfers.items() if not x.state.finished]
                 live += [("(forgotten)", x) for x in self._orphans]
             for tid, x in live:
-                if x.state == TransferState.PENDING:
-                    self._post(tid, x)
-                elif not x.state.finished:
-                    self._check(tid, x)
+                if x.peer is None and x.dst and not (x.state.finished or x.stopping) \
+                        and time.monotonic() <= x.deadline:
+                    self._load_peer(tid, x)  # begun: ready before the first push
+                self._advance(tid, x, inline=False)
             with self._lock:
                 self._orphans = [x for x in self._orphans if not x.state.finished]
-            return bool(live)
+                return any(x.busy() for _, x in live)
 
-    def _post(self, tid: str, x: _Xfer) -> None:
-        status = "PROC"  # past its deadline already: _update fails it
-        if time.monotonic() <= x.deadline:
-            try:
-                x.peer = self._peer(x.endpoint)
-                x.handle = self._agent.make_prepped_xfer(
-                    "WRITE", self._local, x.src, x.peer.dlist, x.dst, NOTIF_PREFIX + tid.encode())
-                status = self._agent.transfer(x.handle)  # between local processes: the whole copy
-            except Exception as e:  # NIXL raises one class per status code, all plain Exceptions
-                status = repr(e)
-        self._update(tid, x, status)
-
-    def _check(self, tid: str, x: _Xfer) -> None:
-        try:
-            status = self._agent.check_xfer_state(x.handle)
-        except Exception as e:
-            status = repr(e)
-        self._update(tid, x, status)
-
-    def _update(self, tid: str, x: _Xfer, status: str) -> None:
-        if status == "DONE":
+    def _advance(self, tid: str, x: _Xfer, inline: bool) -> None:
+        """Check the posted writes, post the ones due (the last only after all others
+        completed; inline: only while what is due fits INLINE_BYTES), end the transfer
+        when the last completed, an error came, cancel() asked or the deadline passed.
+        (A stream waiting for its next push has nothing posted: its deadline is checked
+        here, at the next push, poll or tick.)"""
+        with self._lock:
+            if x.state.finished:
+                return
+            writes, stopping = list(x.writes), x.stopping
+        if stopping:
+            return self._finish(tid, x, TransferState.CANCELLED)
+        for w in writes:
+            if w.handle is not None and not self._landed(tid, x, w, self._status(w)):
+                return
+        late = time.monotonic() > x.deadline
+        due = [] if late else [w for w in writes if w.handle is None and not w.done]
+        if inline and sum(len(w.src) for w in due) * self.block_bytes > INLINE_BYTES:
+            due = []
+        for w in due:
+            if w.last and not all(v.done for v in writes if v is not w):
+                break
+            if not self._landed(tid, x, w, self._post(tid, x, w)):
+                return
+        if writes and writes[-1].last and writes[-1].done:
             self._finish(tid, x, TransferState.DONE)
-        elif status != "PROC":
+        elif late:
+            self._finish(tid, x, TransferState.FAILED, "timed out or forgotten in flight")
+
+    def _post(self, tid: str, x: _Xfer, w: _Write) -> str:
+        """Post one WRITE; its status ("DONE", "PROC" or an error)."""
+        if x.peer is None and not self._load_peer(tid, x):
+            return "peer not loaded"
+        if not x.peer.healthy:  # another transfer to it failed: it may be reloaded already
+            return "peer failed"
+        notif = NOTIF_PREFIX + tid.encode() if w.last else b""
+        try:
+            w.handle = self._agent.make_prepped_xfer("WRITE", self._local, w.src, x.peer.dlist, w.dst, notif)
+            return self._agent.transfer(w.handle)  # between local processes: the whole copy
+        except Exception as e:  # NIXL raises one class per status code, all plain Exceptions
+            return repr(e)
+
+    def _status(self, w: _Write) -> str:
+        try:
+            return self._agent.check_xfer_state(w.handle)
+        except Exception as e:
+            return repr(e)
+
+    def _landed(self, tid: str, x: _Xfer, w: _Write, status: str) -> bool:
+        """Record a write's status; False when it ended the transfer (FAILED)."""
+        if status in ("DONE", "PROC"):
+            if status == "DONE":
+                self._release_write(w)
+                w.done = True
+            with self._lock:
+                x.state = TransferState.IN_PROGRESS  # DONE once the last write is
+        else:
             if x.peer is not None:
                 x.peer.healthy = False
             self._finish(tid, x, TransferState.FAILED, f"transfer error {status}")
-        elif time.monotonic() > x.deadline:
-            self._finish(tid, x, TransferState.FAILED, "timed out or forgotten in flight")
-        else:
-            with self._lock:
-                x.state = TransferState.IN_PROGRESS
+            return False
+        return True
 
     def _finish(self, tid: str, x: _Xfer, state: TransferState, why: str = "") -> None:
         self._release(x)  # before the state turns final: no write may follow a final state
@@ -178,6 +272,14 @@ class NixlSender(KVSender):
             log.warning("NIXL transfer %s failed: %s", tid, why)
         with self._lock:
             x.state = state
+
+    def _load_peer(self, tid: str, x: _Xfer) -> bool:
+        try:
+            x.peer = self._peer(x.endpoint)
+            return True
+        except Exception as e:
+            self._finish(tid, x, TransferState.FAILED, f"loading the peer: {e!r}")
+            return False
 
     def _peer(self, endpoint: transfer_pb2.TransferEndpoint) -> _Peer:
         ep = endpoint.nixl
@@ -202,13 +304,18 @@ class NixlSender(KVSender):
         except Exception as e:
             log.debug("removing NIXL peer %r: %r", peer.name, e)
 
+    @classmethod
+    def _release(cls, x: _Xfer) -> None:
+        for w in x.writes:
+            cls._release_write(w)
+
     @staticmethod
-    def _release(x: _Xfer) -> None:
-        """Free the transfer request; NIXL cancels it if still in flight (when it cannot, it
-        keeps the handle and retries at agent teardown)."""
-        if x.handle is None:
+    def _release_write(w: _Write) -> None:
+        """Free the request; NIXL cancels it if still in flight (when it cannot, it keeps the
+        handle and retries at agent teardown)."""
+        if w.handle is None:
             return
-        handle, x.handle = x.handle, None
+        handle, w.handle = w.handle, None
         try:
             handle.release()
         except Exception as e:

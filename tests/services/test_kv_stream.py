@@ -57,7 +57,7 @@ async def wait_for(pred, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-@pytest.mark.parametrize("transport", ["grpc", "inproc"])
+@pytest.mark.parametrize("transport", ["grpc", "inproc", "nixl"])
 async def test_chunks_are_sent_as_prefill_progresses(cluster, model, monkeypatch, transport):
     """60 tokens in 4 chunks of ≤ 16: 3 pushes of 2 blocks during the prefill, then the
     remainder (block 6 and the partial block 7) after it; output equals transformers."""
@@ -86,7 +86,7 @@ async def test_second_turn_streams_only_blocks_decode_lacks(cluster, model, monk
     await pools_whole(prefill, decode)
 
 
-@pytest.mark.parametrize("transport", ["grpc", "inproc"])
+@pytest.mark.parametrize("transport", ["grpc", "inproc", "nixl"])
 async def test_off_sends_once_at_the_end(cluster, model, monkeypatch, transport):
     prefill, decode, client = await pair(cluster, model, transport, kv_send_per_chunk=False)
     assert prefill.streams is None
@@ -98,15 +98,7 @@ async def test_off_sends_once_at_the_end(cluster, model, monkeypatch, transport)
     await pools_whole(prefill, decode)
 
 
-async def test_nixl_falls_back_to_one_send(cluster, model):
-    prefill, decode, client = await pair(cluster, model, "nixl")
-    assert not prefill.sender.streams and prefill.streams is None
-    prompt = prompt_of(60, 5)
-    assert (await client.generate(prompt)).output == hf_greedy(model, prompt, 8)
-    await pools_whole(prefill, decode)
-
-
-@pytest.mark.parametrize("transport", ["grpc", "inproc"])
+@pytest.mark.parametrize("transport", ["grpc", "inproc", "nixl"])
 async def test_abort_with_chunks_in_flight_leaves_pools_whole(cluster, model, monkeypatch,
                                                                transport):
     """The client goes away after the first push, while the prefill engine is held before
@@ -143,7 +135,7 @@ async def test_abort_with_chunks_in_flight_leaves_pools_whole(cluster, model, mo
 
 
 @pytest.mark.parametrize("how", ["push raises", "transfer fails"])
-@pytest.mark.parametrize("transport", ["grpc", "inproc"])
+@pytest.mark.parametrize("transport", ["grpc", "inproc", "nixl"])
 async def test_failure_mid_stream_recomputes_exactly(cluster, model, monkeypatch, transport,
                                                      how):
     """The second push raises (or the transfer fails after the first): the prefill replies

@@ -96,11 +96,14 @@ def test_streamed_pushes_copy_in_order_and_cancel_fails_the_receiver(caches):
 
 
 def test_only_streaming_senders_begin(caches):
-    from baton.transfer.nixl_sender import NixlSender
-    assert not NixlSender.streams
+    from baton.transfer.inproc import InprocSender
+
+    class WholeOnly(InprocSender):
+        streams = False
+
     dst, src = caches
     receiver = make_receiver("inproc", dst, kv_layout(MODEL, dst))
-    sender = make_sender("nixl", src, kv_layout(MODEL, src))
+    sender = WholeOnly(src, kv_layout(MODEL, src))
     try:
         with pytest.raises(NotImplementedError):
             sender.begin(receiver.endpoint(), "n", [1])

@@ -167,6 +167,126 @@ def test_cross_process_then_receiver_dies():
         sender.close()
 
 
+def _until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+class _HoldFirstWrite:
+    """The sender's agent, except that its first WRITE reports PROC (in flight) until
+    `held` is cleared; records every WRITE made as (dst ids, notification, handle)."""
+
+    def __init__(self, agent) -> None:
+        self.agent, self.held, self.writes = agent, True, []
+
+    def __getattr__(self, name):
+        return getattr(self.agent, name)
+
+    def make_prepped_xfer(self, op, local, src, remote, dst, notif=b""):
+        handle = self.agent.make_prepped_xfer(op, local, src, remote, dst, notif)
+        self.writes.append((list(dst), notif, handle))
+        return handle
+
+    def _first(self, handle) -> bool:
+        return self.held and handle is self.writes[0][2]
+
+    def transfer(self, handle):
+        status = self.agent.transfer(handle)
+        return "PROC" if self._first(handle) else status
+
+    def check_xfer_state(self, handle):
+        return "PROC" if self._first(handle) else self.agent.check_xfer_state(handle)
+
+
+def test_streamed_pushes_land_bit_exact_and_done_after_the_last(pair):
+    receiver, sender, dst, src = pair
+    before = dst.clone()
+    src_ids, dst_ids = [5, 9, 2, 31, 30], [0, 7, 8, 3, 31]
+    receiver.expect("s1", dst_ids, timeout_s=10)
+    sender.begin(receiver.endpoint(), "s1", dst_ids, timeout_s=10)
+    assert sender.poll("s1") == TransferState.PENDING
+    sender.push("s1", src_ids[:2])
+    sender.push("s1", src_ids[2:3])
+    _until(lambda: all(w.done for w in sender._xfers["s1"].writes))
+    assert sender.poll("s1") == TransferState.IN_PROGRESS  # 2 blocks still to come
+    assert receiver.poll("s1") == TransferState.PENDING    # no notification before the last
+    assert_moved(dst, before, src, src_ids[:3], dst_ids[:3])
+    with pytest.raises(ValueError):
+        sender.push("s1", [1, 2, 3])  # more than the transfer has left
+    with pytest.raises(KeyError):
+        sender.push("nobody", [1])
+    sender.push("s1", src_ids[3:])
+    assert sender.wait("s1", 10) == TransferState.DONE
+    _until(lambda: receiver.poll("s1") == TransferState.DONE)
+    assert receiver.poll("s1") == TransferState.DONE
+    assert_moved(dst, before, src, src_ids, dst_ids)
+    sender.push("s1", [])  # ignored once final
+    sender.forget("s1")
+    receiver.forget("s1")
+
+
+def test_last_write_waits_for_every_earlier_one(pair):
+    """The notifying WRITE is posted only after the earlier ones completed, so the
+    receiver's DONE means every byte landed."""
+    receiver, sender, dst, src = pair
+    before = dst.clone()
+    agent = sender._agent
+    sender._agent = hold = _HoldFirstWrite(agent)
+    try:
+        receiver.expect("s3", [12, 13, 14], timeout_s=10)
+        sender.begin(receiver.endpoint(), "s3", [12, 13, 14], timeout_s=10)
+        sender.push("s3", [1, 2])
+        sender.push("s3", [3])  # the last: due, held back
+        for _ in range(20):
+            assert sender.poll("s3") == TransferState.IN_PROGRESS
+            time.sleep(0.002)  # the progress thread ticks meanwhile
+        assert [(d, n) for d, n, _ in hold.writes] == [([12, 13], b"")]
+        assert receiver.poll("s3") == TransferState.PENDING
+        hold.held = False
+        assert sender.wait("s3", 10) == TransferState.DONE
+        assert [(d, n) for d, n, _ in hold.writes] == [([12, 13], b""), ([14], b"baton-kv:s3")]
+        _until(lambda: receiver.poll("s3") == TransferState.DONE)
+        assert receiver.poll("s3") == TransferState.DONE
+        assert_moved(dst, before, src, [1, 2, 3], [12, 13, 14])
+    finally:
+        sender._agent = agent
+
+
+@pytest.mark.parametrize("pushed", [0, 2])
+def test_cancelled_stream_ends_on_both_sides(pair, pushed):
+    """cancel() releases the in-flight WRITE before CANCELLED; no notification ever goes,
+    so the receiver ends FAILED at its own timeout."""
+    receiver, sender, _, _ = pair
+    tid = f"s2-{pushed}"
+    agent = sender._agent
+    sender._agent = hold = _HoldFirstWrite(agent)
+    try:
+        receiver.expect(tid, [1, 2, 3], timeout_s=0.5)
+        sender.begin(receiver.endpoint(), tid, [1, 2, 3], timeout_s=10)
+        if pushed:
+            sender.push(tid, [4, 5])  # in flight (held) when the cancel comes
+            assert sender.poll(tid) == TransferState.IN_PROGRESS
+        sender.cancel(tid)
+        assert sender.wait(tid, 10) == TransferState.CANCELLED
+        assert all(w.handle is None for w in sender._xfers[tid].writes)  # released
+        sender.push(tid, [6])  # ignored once final
+        assert [n for _, n, _ in hold.writes] == [b""] * (pushed > 0)
+    finally:
+        sender._agent = agent
+    _until(lambda: receiver.poll(tid) == TransferState.FAILED)
+    assert receiver.poll(tid) == TransferState.FAILED
+    sender.forget(tid)
+    receiver.forget(tid)
+
+
+def test_empty_stream_is_done_at_once(pair):
+    receiver, sender, _, _ = pair
+    receiver.expect("s-empty", [])
+    sender.begin(receiver.endpoint(), "s-empty", [])
+    assert sender.poll("s-empty") == receiver.poll("s-empty") == TransferState.DONE
+
+
 def test_a_process_with_a_nixl_agent_exits_cleanly():
     """The nixl wheels bundle libibverbs/libnl; with the system's libibverbs1 installed too
     (Mooncake Store needs it) UCX's ib module used to load both libnl copies and the process
