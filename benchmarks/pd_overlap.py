@@ -2,8 +2,9 @@
 sent per chunk (overlapped with the next chunk's compute) and sent once at the end.
 
     python benchmarks/pd_overlap.py [--model smollm2-135m] [--prompt-tokens 6000] [--runs 4]
+                                    [--transport grpc | nixl]
 
-Starts three worker processes on 127.0.0.1 over the gRPC transport: prefill A
+Starts three worker processes on 127.0.0.1 over the gRPC transport (or --transport): prefill A
 (--kv-send-per-chunk), prefill B (--no-kv-send-per-chunk) and one decode worker; each run
 sends a fresh random prompt (no prefix hit anywhere) with max_tokens=1 and
 PREFILL_MODE_REMOTE to A or B, alternating A, B, A, B, ... after one unmeasured warm-up each.
@@ -75,8 +76,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=4, help="measured runs per mode")
     p.add_argument("--num-blocks", type=int, default=448)
     p.add_argument("--chunk", type=int, default=512, help="--long-prefill-token-threshold")
+    p.add_argument("--transport", choices=["grpc", "nixl"], default="grpc")
     a = p.parse_args()
-    common = ["--model", a.model, "--transport", "grpc", "--num-blocks", str(a.num_blocks)]
+    common = ["--model", a.model, "--transport", a.transport, "--num-blocks", str(a.num_blocks)]
     load_before = os.getloadavg()
     procs = []
     try:
@@ -119,7 +121,7 @@ def main() -> None:
     on, off = med["per-chunk"], med["at-end"]
     print(f"per-chunk TTFT / at-end TTFT {on['ttft'] / off['ttft']:.3f}; per-chunk TTFT / "
           f"at-end prefill {on['ttft'] / off['prefill']:.3f}")
-    print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+    print(f"transport {a.transport}; load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
 
 

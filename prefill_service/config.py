@@ -17,7 +17,7 @@ class PrefillConfig(RoleConfig):
     transfer) when the request gives none. tombstone_seconds: how long an aborted request id
     is refused, so a Prefill that arrives after its Abort never writes into reused blocks.
     kv_send_per_chunk: send each prefill step's full blocks while the next chunk computes
-    (kv_stream.py); transports that cannot stream (NIXL) send once at the end regardless.
+    (kv_stream.py); a transport that cannot stream would send once at the end regardless.
     """
 
     lease_seconds: float = 30.0
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap of one Prefill call (queue, compute, transfer)")
     g.add_argument("--kv-send-per-chunk", action=argparse.BooleanOptionalAction, default=True,
                    help="send each prefill chunk's full KV blocks while the next chunk "
-                        "computes (gRPC transport; NIXL sends once at the end)")
+                        "computes (NIXL and gRPC transports)")
     return p
 
 

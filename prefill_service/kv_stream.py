@@ -15,8 +15,8 @@ the others through `AsyncEngine.call`), so a push never races a preemption or an
 pushed blocks are pinned (an extra reference, `BlockHolds.pin`) until `unpin`, which the worker
 calls only once the transfer is final, i.e. once no byte of those blocks can still be read.
 A push that raises cancels the transfer (the reply then says TRANSFER_FAILED; the decode
-worker recomputes). Transports without `KVSender.streams` (NIXL) get no KVStreams: the worker
-sends once, after the prefill.
+worker recomputes). Every transport streams (NIXL: one WRITE per push, nixl_sender.py); one
+without `KVSender.streams` would get no KVStreams: the worker then sends once, after the prefill.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
       1. the engine (model, dtype, KV pool) and its thread (AsyncEngine); the grpc.aio server
          and health service (start_worker)
       2. here: the KV sender over the engine's kv_cache (--transport nixl | grpc), metrics,
-         per-chunk sends (--kv-send-per-chunk, on by default: gRPC streams each step's
-         blocks; NIXL sends once at the end), the PrefillWorker (its lease reaper started)
+         per-chunk sends (--kv-send-per-chunk, on by default: NIXL and gRPC stream each
+         step's blocks), the PrefillWorker (its lease reaper started)
          and PrefillService
       3. serve (SERVING now that the model is loaded), metrics HTTP (--metrics-port), then
          print `READY port=N` for launchers

@@ -8,7 +8,7 @@
          cache; the first token is sampled with the request's SamplingParams
       3. SENDING_KV: held blocks [num_cached_on_decode / block_size, ...) go into the decode
          worker's dst_block_ids over the transport; wait for DONE (bounded by the deadline).
-         With per-chunk sends (kv_stream.py; gRPC, in-process) the transfer began in 2: each
+         With per-chunk sends (kv_stream.py; NIXL, gRPC, in-process) the transfer began in 2: each
          step's full blocks were pushed as it ended, and only the remainder is left here
       4. HELD: reply OK; the blocks stay referenced until ReleaseBlocks or the lease expires
          (Leases, lease.py), then go to the prefix cache (the session's next turn hits them)

@@ -9,6 +9,9 @@ This file: the shared agent helpers and `NixlReceiver`; `NixlSender` is in nixl_
                                                  prepare one remote descriptor per block
                                                  send(): make_prepped_xfer(WRITE, src idx,
                  ◀══════ block bytes ════════    dst idx, notif) + transfer()
+                                                 streamed (begin/push): one WRITE per push,
+                 ◀══════ block bytes ════════    no notif; the last push's WRITE carries it,
+                                                 posted once every earlier one completed
     poll(): notification "baton-kv:<tid>"  ◀──── NIXL sends it after the data is written
 
 NIXL merges runs of adjacent blocks (on both sides) into one descriptor. Between processes of
@@ -19,15 +22,16 @@ Threads: NIXL's own progress thread is off (nixl 1.5.1 runs it without pause: ab
 core even when idle, which slows everything else on a small CPU machine). Each side has one
 daemon thread instead that drives NIXL every TICK_S seconds while it has live transfers and
 sleeps on an event otherwise. The callers' threads drive NIXL too, without ever waiting for
-a copy: send() posts a small transfer itself (up to INLINE_BYTES, about a millisecond of
-copying) and leaves larger ones to the thread; poll() checks the transfer itself when the
-agent is free. (A background Python thread alone would add milliseconds per transfer
+a copy: send() and push() post a small write themselves (up to INLINE_BYTES, about a
+millisecond of copying) and leave larger ones to the thread; poll() checks the transfer
+itself when the agent is free. (A background Python thread alone would add milliseconds per transfer
 whenever the caller's thread keeps the GIL busy.) The receiver's poll() collects
 notifications itself as well.
 
-Errors (peer gone, UCX failure, deadline) end a send FAILED, and only after its NIXL request
-was released (NIXL cancels what is still in flight): a FAILED send does not keep writing.
-A peer that failed is reloaded on the next send.
+Errors (peer gone, UCX failure, deadline) end a transfer FAILED, and cancel() CANCELLED, only
+after every NIXL request of it was released (NIXL cancels what is still in flight): a
+transfer in a final state does not keep writing. A peer that failed is reloaded on the next
+transfer. The receiver needs nothing for streams: it sees one notification per transfer.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -123,6 +128,45 @@ def block_descs(base: int, block_bytes: int, num_blocks: int, device_id: int) ->
     descs[:, 1] = block_bytes
     descs[:, 2] = device_id
     return descs
+
+
+@dataclass
+class Peer:
+    """A loaded remote agent and its prepared per-block descriptor list (sender side)."""
+
+    key: tuple  # everything in the endpoint that the descriptors depend on
+    name: bytes
+    dlist: object
+    healthy: bool = True
+
+
+def load_peer(agent, peers: dict[str, Peer], endpoint: transfer_pb2.TransferEndpoint,
+              block_bytes: int) -> Peer:
+    """The receiver of `endpoint` from the cache `peers` (by agent name), loaded into
+    `agent` (add_remote_agent + one remote descriptor per block) when absent, changed or
+    failed. Raises what NIXL raises."""
+    ep = endpoint.nixl
+    key = (ep.agent_metadata, ep.base_address, ep.memory_kind, ep.device_id, endpoint.num_blocks)
+    peer = peers.get(ep.agent_name)
+    if peer is not None and peer.key == key and peer.healthy:
+        return peer
+    if peer is not None:  # receiver restarted or failed: NIXL refuses to reload a live name
+        del peers[ep.agent_name]
+        drop_peer(agent, peer)
+    name = agent.add_remote_agent(ep.agent_metadata)
+    mem = "VRAM" if ep.memory_kind == transfer_pb2.MEMORY_KIND_VRAM else "DRAM"
+    descs = block_descs(ep.base_address, block_bytes, endpoint.num_blocks, ep.device_id)
+    peer = peers[ep.agent_name] = Peer(key, name, agent.prep_xfer_dlist(name, descs, mem))
+    return peer
+
+
+def drop_peer(agent, peer: Peer) -> None:
+    """Release a peer's descriptors and unload its agent (errors logged)."""
+    try:
+        peer.dlist.release()
+        agent.remove_remote_agent(peer.name)
+    except Exception as e:
+        log.debug("removing NIXL peer %r: %r", peer.name, e)
 
 
 class NixlReceiver(KVReceiver):

@@ -21,24 +21,17 @@ from baton.transfer.base import KVSender, TransferState
 from baton.transfer.nixl import (
     INLINE_BYTES,
     NOTIF_PREFIX,
+    Peer,
+    Poller,
     block_descs,
+    drop_peer,
+    load_peer,
     make_agent,
     memory_of,
-    Poller,
 )
 from protos import common_pb2, transfer_pb2
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Peer:
-    """A loaded remote agent and its prepared per-block descriptor list."""
-
-    key: tuple  # everything in the endpoint that the descriptors depend on
-    name: bytes
-    dlist: object
-    healthy: bool = True
 
 
 @dataclass
@@ -61,7 +54,7 @@ class _Xfer:
     pushed: int = 0   # dst blocks given to a write so far
     stopping: bool = False  # cancel() came: release everything, then CANCELLED
     state: TransferState = TransferState.PENDING  # PENDING = nothing posted yet
-    peer: _Peer | None = field(default=None, repr=False)  # keeps the remote dlist alive
+    peer: Peer | None = field(default=None, repr=False)  # keeps the remote dlist alive
 
     def busy(self) -> bool:
         """Whether the progress thread has work here (a write to post or to check)."""
@@ -85,7 +78,7 @@ class NixlSender(KVSender):
         mem, device_id = memory_of(kv_cache)
         descs = block_descs(kv_cache.data_ptr(), self.block_bytes, self.num_blocks, device_id)
         self._local = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", descs, mem)
-        self._peers: dict[str, _Peer] = {}  # agent lock only
+        self._peers: dict[str, Peer] = {}  # agent lock only
         self._xfers: dict[str, _Xfer] = {}
         self._orphans: list[_Xfer] = []  # forgotten while live: cancelled by the progress thread
         self._closed = False
@@ -93,9 +86,8 @@ class NixlSender(KVSender):
         self._poller = Poller(self._tick, f"{self._agent.name}-progress")
 
     def _start(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
-        x = self._open(endpoint, transfer_id, dst, deadline)
-        if src:
-            self._add_write(transfer_id, x, src)
+        x = self._open(endpoint, transfer_id, dst, deadline, src)
+        self._drive(transfer_id, x)
 
     def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
         self._open(endpoint, transfer_id, dst, deadline)
@@ -108,7 +100,8 @@ class NixlSender(KVSender):
                 raise ValueError(f"{len(src)} blocks pushed, {len(x.dst) - x.pushed} left")
             if x.state.finished or x.stopping or not src:
                 return
-        self._add_write(transfer_id, x, src)
+            self._append(x, src)
+        self._drive(transfer_id, x)
 
     def cancel(self, transfer_id: str) -> None:
         with self._lock:
@@ -121,12 +114,8 @@ class NixlSender(KVSender):
     def poll(self, transfer_id: str) -> TransferState:
         with self._lock:
             x = self._xfers[transfer_id]
-        if not x.state.finished and self._agent_lock.acquire(blocking=False):
-            try:
-                if self._agent is not None:
-                    self._advance(transfer_id, x, inline=True)
-            finally:
-                self._agent_lock.release()
+        if not x.state.finished:
+            self._drive(transfer_id, x, wake=False)
         with self._lock:
             return x.state
 
@@ -147,7 +136,8 @@ class NixlSender(KVSender):
         with self._agent_lock:
             self._shutdown()
 
-    def _open(self, endpoint, transfer_id: str, dst: list[int], deadline: float) -> _Xfer:
+    def _open(self, endpoint, transfer_id: str, dst: list[int], deadline: float,
+              src: list[int] = ()) -> _Xfer:
         with self._lock:
             if self._closed:
                 raise RuntimeError("NixlSender is closed")
@@ -156,16 +146,18 @@ class NixlSender(KVSender):
             x = self._xfers[transfer_id] = _Xfer(endpoint, dst, deadline)
             if not dst:
                 x.state = TransferState.DONE
+            elif src:
+                self._append(x, src)
             return x
 
-    def _add_write(self, tid: str, x: _Xfer, src: list[int]) -> None:
-        with self._lock:
-            dst = x.dst[x.pushed:x.pushed + len(src)]
-            x.pushed += len(src)
-            x.writes.append(_Write(src, dst, last=x.pushed == len(x.dst)))
-        self._drive(tid, x)
+    @staticmethod
+    def _append(x: _Xfer, src: list[int]) -> None:
+        """The next write: src into the next len(src) dst blocks (self._lock held)."""
+        dst = x.dst[x.pushed:x.pushed + len(src)]
+        x.pushed += len(src)
+        x.writes.append(_Write(src, dst, last=x.pushed == len(x.dst)))
 
-    def _drive(self, tid: str, x: _Xfer) -> None:
+    def _drive(self, tid: str, x: _Xfer, wake: bool = True) -> None:
         """Advance the transfer in the caller's thread when the agent is free (posting no
         more than INLINE_BYTES there), and wake the progress thread for the rest."""
         if self._agent_lock.acquire(blocking=False):
@@ -174,7 +166,8 @@ class NixlSender(KVSender):
                     self._advance(tid, x, inline=True)
             finally:
                 self._agent_lock.release()
-        self._poller.wake()
+        if wake:
+            self._poller.wake()
 
     def _shutdown(self) -> None:
         for x in [*self._xfers.values(), *self._orphans]:
@@ -182,7 +175,7 @@ class NixlSender(KVSender):
             if not x.state.finished:
                 x.state = TransferState.CANCELLED
         for peer in self._peers.values():
-            self._drop(peer)
+            drop_peer(self._agent, peer)
         self._peers.clear()
         self._local.release()
         self._agent.deregister_memory(self._registration)
@@ -275,34 +268,11 @@ class NixlSender(KVSender):
 
     def _load_peer(self, tid: str, x: _Xfer) -> bool:
         try:
-            x.peer = self._peer(x.endpoint)
+            x.peer = load_peer(self._agent, self._peers, x.endpoint, self.block_bytes)
             return True
         except Exception as e:
             self._finish(tid, x, TransferState.FAILED, f"loading the peer: {e!r}")
             return False
-
-    def _peer(self, endpoint: transfer_pb2.TransferEndpoint) -> _Peer:
-        ep = endpoint.nixl
-        key = (ep.agent_metadata, ep.base_address, ep.memory_kind, ep.device_id, endpoint.num_blocks)
-        peer = self._peers.get(ep.agent_name)
-        if peer is not None and peer.key == key and peer.healthy:
-            return peer
-        if peer is not None:  # receiver restarted or failed: NIXL refuses to reload a live name
-            del self._peers[ep.agent_name]
-            self._drop(peer)
-        name = self._agent.add_remote_agent(ep.agent_metadata)
-        mem = "VRAM" if ep.memory_kind == transfer_pb2.MEMORY_KIND_VRAM else "DRAM"
-        descs = block_descs(ep.base_address, self.block_bytes, endpoint.num_blocks, ep.device_id)
-        peer = _Peer(key, name, self._agent.prep_xfer_dlist(name, descs, mem))
-        self._peers[ep.agent_name] = peer
-        return peer
-
-    def _drop(self, peer: _Peer) -> None:
-        try:
-            peer.dlist.release()
-            self._agent.remove_remote_agent(peer.name)
-        except Exception as e:
-            log.debug("removing NIXL peer %r: %r", peer.name, e)
 
     @classmethod
     def _release(cls, x: _Xfer) -> None:
