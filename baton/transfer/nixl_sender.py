@@ -4,7 +4,8 @@ hand-over, the progress threads and how errors end a send).
 A transfer is a list of WRITEs into consecutive dst blocks: send() makes one, a streamed
 transfer (begin/push) one per push. Only the last WRITE carries the notification
 "baton-kv:<tid>", and it is posted only once every earlier WRITE of the transfer completed:
-NIXL notifies per request, so the receiver sees DONE only when every byte has landed (it
+NIXL notifies per request, and its UCX backend ends each request with an endpoint flush (DONE
+= complete at the target), so the receiver sees DONE only when every byte has landed (it
 needs to know nothing of streaming). cancel(), an error or the deadline release every
 request of the transfer (NIXL cancels what is still in flight) before its state turns final.
 """
