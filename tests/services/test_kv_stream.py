@@ -8,10 +8,8 @@ import random
 import threading
 import time
 
-import grpc
 import pytest
 
-from baton.transfer import TransferState
 from tests.reference import hf_greedy
 from tests.services.helpers import BLOCK, engine_config, pools_whole, request
 
