@@ -101,3 +101,68 @@ def test_crash_loop_backs_off_and_a_stable_run_resets_it():
     sup.tick()
     assert sup.records["prefill-0"].due - clock.now == 1
     assert "restart 6 in 1 s" in lines[-1]
+
+
+def test_a_restarted_child_that_never_prints_ready_is_killed_and_restarted():
+    """A restart that hangs before READY (alive, never ready) is killed at ready_timeout_s,
+    said once, and its death is one more failure: restarted after the next backoff."""
+    clock, lines = Clock(), []
+    killed: list[str] = []
+
+    class Hanging(StubChild):
+        def kill(self) -> None:
+            killed.append(self.name)
+            self.status = -9
+
+    cluster = StubCluster(Hanging("prefill-0", 50123))
+    cluster.restart = lambda child: _swap(cluster, child, Hanging(child.name, child.port))
+    sup = Supervisor(cluster, Backoff(initial_s=1, max_s=8, stable_s=60), clock,
+                     lines.append, ready_timeout_s=30)
+    clock.now += 40
+    sup.tick()                       # the first run is not timed here (baton up's start is)
+    assert killed == []
+    cluster.children[0].status = 1   # dies; restarted after 1 s
+    sup.tick()
+    clock.now += 1
+    sup.tick()
+    assert len(cluster.restarted) == 1
+    clock.now += 29.9
+    sup.tick()
+    assert killed == []              # still inside its 30 s
+    clock.now += 0.1
+    sup.tick()
+    assert killed == ["prefill-0"]
+    assert "printed no READY in 30 s; killing it" in lines[-1]
+    sup.tick()                       # its death: failure 2, restart in 2 s; not killed again
+    assert killed == ["prefill-0"] and "restart 2 in 2 s" in lines[-1]
+    clock.now += 2
+    sup.tick()
+    assert len(cluster.restarted) == 2
+    cluster.children[0].ready.set()  # this one comes up: no kill, announced
+    clock.now += 31
+    sup.tick()
+    assert killed == ["prefill-0"] and "is back on port 50123" in lines[-1]
+
+
+def _swap(cluster: StubCluster, old: StubChild, new: StubChild) -> StubChild:
+    cluster.children[cluster.children.index(old)] = new
+    cluster.restarted.append((old.name, old.port))
+    return new
+
+
+def test_child_kill_ends_its_process_group(tmp_path):
+    """Child.kill (the READY timeout's) SIGKILLs the real process; exited() then says so."""
+    import os
+    import time
+
+    from baton.cluster.child import Child
+    child = Child("hang", ["sleep", "30"], tmp_path / "hang.log")
+    child.start(dict(os.environ))
+    assert child.exited() is None
+    child.kill()
+    for _ in range(200):  # bounded: 10 s at most
+        if child.exited() is not None:
+            break
+        time.sleep(0.05)
+    assert child.exited() == -9
+    child.kill()          # already dead: nothing to do, no error

@@ -7,10 +7,12 @@
                        that sets `ready` (and `port`) at the `READY port=N` line
                        (baton/worker/process.py::parse_ready)
     child.exited()     its exit status, None while it runs
+    child.kill()       SIGKILL its process group (the supervisor's READY timeout)
     child.log_tail()   the end of its log, for error messages
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -61,6 +63,12 @@ class Child:
     def exited(self) -> int | None:
         """Its exit status, or None while it runs (or before start)."""
         return None if self.proc is None else self.proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL its process group (a child that never got ready); `exited()` then tells."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def log_tail(self, lines: int = 25) -> str:
         """The last `lines` lines of its log."""

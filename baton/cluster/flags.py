@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
     p.add_argument("--startup-timeout", type=float, default=600.0,
-                   help="seconds every child may take to become ready")
+                   help="seconds every child may take to become ready (at start, and after "
+                        "each restart: a restarted child with no READY by then is killed)")
     _add_restart_args(p)
     return p
 

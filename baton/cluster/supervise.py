@@ -9,7 +9,10 @@ backoff, the way a Kubernetes Deployment restarts a pod's container.
        ▼
     after the delay: the same command on the port it had (`--port N`), so neither the gateway
     nor decode needs telling; "[baton up] prefill-0 is back on port N" at its READY line.
-    A restart that dies again (the port still held, the same crash) is one more failure.
+    A restart that dies again (the port still held, the same crash) is one more failure,
+    and so is one that stays alive without printing READY for `ready_timeout_s` (baton up's
+    --startup-timeout: a hang in start-up, e.g. a store it cannot reach): it is killed,
+    "[baton up] prefill-0 printed no READY in N s; killing it", then restarted as any death.
 
     delay = min(max_s, initial_s * 2^(failures - 1)); failures count the deaths since the
     last run that stayed up stable_s (then they start from 1 again); restarts count all.
@@ -62,6 +65,7 @@ class _Record:
     failures: int = 0            # deaths since its last run that lasted stable_s
     due: float | None = None     # when the pending restart starts (None: none pending)
     announced: bool = True       # "is back" printed for its current run
+    killed: bool = False         # its current run was killed for printing no READY
 
 
 def describe_exit(status: int) -> str:
@@ -79,9 +83,11 @@ class Supervisor:
 
     def __init__(self, cluster: Restartable, backoff: Backoff,
                  clock: Callable[[], float] = time.monotonic,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None,
+                 ready_timeout_s: float = 600.0) -> None:
         self.cluster = cluster
         self.backoff = backoff
+        self.ready_timeout_s = ready_timeout_s
         self.clock = clock
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         now = clock()
@@ -100,6 +106,13 @@ class Supervisor:
                 record.announced = True
                 self.say(f"[baton up] {child.name} is back on port {child.port} "
                          f"(restart {record.restarts})")
+            elif (not record.announced and not record.killed
+                  and now - record.started_at >= self.ready_timeout_s):
+                record.killed = True  # its death is scheduled as a failure on a later tick
+                self.say(f"[baton up] {child.name} printed no READY in "
+                         f"{self.ready_timeout_s:g} s; killing it. The end of "
+                         f"{child.log_path}:\n{child.log_tail(10)}")
+                child.kill()
 
     def _schedule(self, child: Child, record: _Record, now: float) -> None:
         if now - record.started_at >= self.backoff.stable_s:
@@ -115,6 +128,7 @@ class Supervisor:
     def _restart(self, child: Child, record: _Record, now: float) -> None:
         record.restarts += 1
         record.due, record.started_at, record.announced = None, now, False
+        record.killed = False
         try:
             self.cluster.restart(child)
         except OSError as e:  # could not even spawn it: one more failure, try again later

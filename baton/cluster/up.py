@@ -233,7 +233,7 @@ def _say(line: str) -> None:
 def _serve(a: argparse.Namespace, cluster: Cluster) -> int:
     """Serve until Ctrl-C / SIGTERM (0), restarting dead children (supervise.py); with
     --exit-on-child-failure the first death ends it instead (1)."""
-    supervisor = Supervisor(cluster, backoff(a), say=_say)
+    supervisor = Supervisor(cluster, backoff(a), say=_say, ready_timeout_s=a.startup_timeout)
     while cluster.stop_signal is None:
         dead = cluster.dead_child() if a.exit_on_child_failure else None
         if dead is not None:
