@@ -53,6 +53,7 @@ from baton.bench.report import (
     console,
     default_output_dir,
     machine,
+    print_metric_table,
     print_summary,
     typed_args,
     write_json,
@@ -154,8 +155,6 @@ def run_level(binary: Path, url: str, args, trace_dir: Path, out: Path, concurre
 
 def print_harness(labels: list[str], runs: list[HarnessSummary], title: str) -> None:
     """The harness's own numbers, one column per run (its definitions: ITL is per request)."""
-    from rich.table import Table
-
     rows = [("requests", lambda h: str(h.requests)), ("errors", lambda h: str(h.errors))]
     for name, key in (("TTFT", "ttft"), ("ITL", "itl"), ("E2E", "e2e")):
         for p in ("p50", "p90", "p99"):
@@ -166,13 +165,8 @@ def print_harness(labels: list[str], runs: list[HarnessSummary], title: str) -> 
              ("req/s", lambda h: _fmt(h.requests_per_s, digits=2)),
              ("cache read", lambda h: _pct(h.cache_read_fraction)),
              ("theoretical hit", lambda h: _pct(h.theoretical_hit_fraction))]
-    table = Table(title=title, caption="harness definitions: ITL is per request")
-    table.add_column("metric")
-    for label in labels:
-        table.add_column(label, justify="right")
-    for name, cell in rows:
-        table.add_row(name, *(cell(h) for h in runs))
-    console().print(table)
+    print_metric_table(labels, runs, rows, title,
+                       caption="harness definitions: ITL is per request")
 
 
 def _ratio(ours: float | None, theirs: float | None) -> str:

@@ -106,17 +106,23 @@ def console():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
-def print_summary(labels: list[str], summaries: list[Summary], title: str) -> None:
-    """One column per run (concurrency level or configuration), one row per metric."""
+def print_metric_table(labels: list[str], items: list, rows, title: str,
+                       caption: str | None = None) -> None:
+    """One column per run (`labels`, `items`), one row per (name, cell(item) -> str)."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=caption)
     table.add_column("metric")
     for label in labels:
         table.add_column(label, justify="right")
-    for name, fmt in METRIC_ROWS:
-        table.add_row(name, *(fmt(s) for s in summaries))
+    for name, cell in rows:
+        table.add_row(name, *(cell(item) for item in items))
     console().print(table)
+
+
+def print_summary(labels: list[str], summaries: list[Summary], title: str) -> None:
+    """One column per run (concurrency level or configuration), one row per metric."""
+    print_metric_table(labels, summaries, METRIC_ROWS, title)
 
 
 def _turn_cell(t) -> str:
