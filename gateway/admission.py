@@ -81,13 +81,14 @@ class SLOAdmission:
     def _queued(self, p: PathQueue) -> PathQueue:
         return PathQueue(p.address, max(p.waiting_tokens, self.pending_tokens(p.address)))
 
-    def predict(self, uncached: int, paths: list[PathQueue]) -> tuple[float, float]:
-        """(TTFT predicted now, TTFT on idle workers) over the allowed paths, in seconds;
-        `paths`' queues as given (admit adds this gateway's pending tokens first)."""
-        now = min((p.waiting_tokens + uncached) * self.seconds_per_token(p.address)
-                  for p in paths)
+    def predict(self, uncached: int, paths: list[PathQueue]) -> tuple[float, float, str]:
+        """(TTFT predicted now, TTFT on idle workers, in seconds, and the address of the
+        path predicted fastest) over the allowed paths; `paths`' queues as given (admit
+        adds this gateway's pending tokens first)."""
+        now, path = min(((p.waiting_tokens + uncached) * self.seconds_per_token(p.address),
+                         p.address) for p in paths)
         idle = min(uncached * self.seconds_per_token(p.address) for p in paths)
-        return now, idle
+        return now, idle, path
 
     def admit(self, uncached: int, decode: PathQueue, prefill: PathQueue | None,
               allowed: list[PathQueue]) -> Ticket:
@@ -97,15 +98,13 @@ class SLOAdmission:
         decode = self._queued(decode)
         prefill = self._queued(prefill) if prefill is not None else None
         allowed = [self._queued(p) for p in allowed]
-        predicted, idle = self.predict(uncached, allowed)
+        predicted, idle, path = self.predict(uncached, allowed)
         if predicted > self.slo_ttft_s and idle <= self.slo_ttft_s:
             raise GatewayError(
                 429, f"predicted time to first token {predicted * 1e3:.0f} ms exceeds the "
                 f"{self.slo_ttft_s * 1e3:.0f} ms SLO at the current load; retry later",
                 code="slo_unattainable",
                 retry_after=max(1, math.ceil(predicted - self.slo_ttft_s)))
-        path = min(allowed, key=lambda p: (p.waiting_tokens + uncached)
-                   * self.seconds_per_token(p.address)).address
         self._pending[path] = self.pending_tokens(path) + uncached
         return Ticket(decode, prefill, predicted, path=path, uncached=uncached,
                       released=False)
