@@ -105,7 +105,15 @@ class SchedulerConfig:
     policy: the order waiting requests are considered for admission (scheduler.py):
     "fcfs" (arrival) or "shortest_first" (fewest uncached prompt tokens first, with aging).
     max_prefill_wait_s: under shortest_first, a request waiting longer than this goes before
-    the younger ones (in arrival order among such), so a long cold prefill still starts.
+    the younger ones (in arrival order among such), so a long cold prefill still starts; a
+    prefill this old also runs beside the prefill_target_tokens rows (under either policy).
+    prefill_target_tokens: a step starts no further prefill rows once its prefill tokens reach
+    this (decode rows and prefills older than max_prefill_wait_s do not count; 0 = fill the
+    budget). Prefill is compute-bound once a step holds a few hundred tokens, so batching more
+    requests into the step buys no throughput and only delays the first tokens of all of them;
+    one after the other (in policy order) they come at T, 2T, 3T instead of 3T, 3T, 3T. Under
+    shortest_first a running partial prefill also yields the step to a waiting request with
+    fewer uncached tokens (it keeps its blocks): shortest remaining first (scheduler.py).
     """
 
     max_num_batched_tokens: int = 2048
@@ -114,6 +122,7 @@ class SchedulerConfig:
     max_bypass_s: float = 5.0
     policy: str = "fcfs"
     max_prefill_wait_s: float = 10.0
+    prefill_target_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -122,6 +131,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be ≥ 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be ≥ 0")
+        if self.prefill_target_tokens < 0:
+            raise ValueError("prefill_target_tokens must be ≥ 0")
         if self.max_bypass_s < 0 or self.max_prefill_wait_s < 0:
             raise ValueError("max_bypass_s and max_prefill_wait_s must be ≥ 0")
         if self.policy not in SCHEDULE_POLICIES:

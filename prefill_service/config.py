@@ -37,9 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Baton prefill worker (gRPC PrefillService).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = add_role_args(p, DEFAULT_PORT, "prefill")
-    # A prefill worker's queue mixes continuing turns (short uncached suffixes) with cold
-    # contexts: shortest-first keeps the former from queueing behind the latter.
-    p.set_defaults(schedule_policy="shortest_first")
     g.add_argument("--lease-seconds", type=float, default=30.0,
                    help="how long sent blocks stay held waiting for the decode worker's "
                         "ReleaseBlocks (then they go to the prefix cache)")

@@ -123,13 +123,16 @@ def test_estimated_hit_follows_the_cache():
     assert kv.estimate_hit_blocks("w", tokens[:8], 2) == 1  # 8 tokens: 1 block + 4 to compute
 
 
-def test_prefill_workers_default_to_shortest_first_and_decode_to_fcfs():
+def test_workers_default_to_shortest_first_with_a_prefill_target():
+    """Both roles: a queue mixing continuing turns (short uncached suffixes) with cold
+    contexts keeps the former from queueing behind the latter, on a colocated or decode
+    worker as on a prefill worker."""
     from decode_service.config import parse_args as decode_args
     from prefill_service.config import parse_args as prefill_args
-    assert prefill_args([]).engine.scheduler.policy == "shortest_first"
-    assert decode_args([]).engine.scheduler.policy == "fcfs"
-    sched = prefill_args(["--schedule-policy", "fcfs", "--max-prefill-wait-s", "2.5"]) \
-        .engine.scheduler
-    assert (sched.policy, sched.max_prefill_wait_s) == ("fcfs", 2.5)
-    assert decode_args(["--schedule-policy", "shortest_first"]).engine.scheduler.policy \
-        == "shortest_first"
+    for parse in (prefill_args, decode_args):
+        sched = parse([]).engine.scheduler
+        assert (sched.policy, sched.prefill_target_tokens) == ("shortest_first", 256)
+    sched = prefill_args(["--schedule-policy", "fcfs", "--max-prefill-wait-s", "2.5",
+                          "--prefill-target-tokens", "0"]).engine.scheduler
+    assert (sched.policy, sched.max_prefill_wait_s, sched.prefill_target_tokens) \
+        == ("fcfs", 2.5, 0)

@@ -30,7 +30,8 @@ from baton.engine.kv_cache import Block, KVCacheManager
 from baton.engine.kv_source import take
 from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
-from baton.engine.schedule_policy import shortest_first
+from baton.engine.prefill_target import StepPrefill
+from baton.engine.schedule_policy import WaitingOrder
 from baton.engine.stats import Totals
 
 
@@ -53,7 +54,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.remote_waits: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks held
         self._pending: set[int] | None = None  # block hashes this step computes (lazy)
-        self._hit_blocks: dict[str, int] = {}  # waiting request → estimated hit (last order)
+        self._order = WaitingOrder(config, kv)  # the policy's order, hit estimates kept
         self.totals = Totals()  # preemptions and prefix-cache queries counted here
 
     def add(self, request: Request) -> None:
@@ -93,25 +94,41 @@ class Scheduler:
         max_num_batched_tokens; at most max_num_seqs requests run. Running requests go
         first (in admission order); if blocks run out the most recently admitted running
         request is preempted (its blocks freed, its tokens recomputed later). Waiting requests
-        are admitted only in steps without preemption, in policy order (`_order_waiting`),
+        are admitted only in steps without preemption, in policy order (`WaitingOrder`),
         and only when their whole prompt fits beside what the running ones still need
-        (`_fits_whole_prompt`).
+        (`_fits_whole_prompt`). With prefill_target_tokens, prefill rows stop at the target
+        and a running partial prefill may sit the step out for a shorter waiting request
+        (`StepPrefill`); paused ones resume when the step's prefill stays under the target.
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         self._pending = None
+        now = time.monotonic()
+        step = StepPrefill(self.config, now, self._order.sort(
+            self.waiting, now, head_key=bool(self.config.prefill_target_tokens and self.running)),
+            self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            i += 1
+            if step.pause(req):
+                continue  # before i: never a preemption victim below
             n = self._num_new_tokens(req, req.num_computed_tokens, budget)
             if not self._allocate_or_preempt(req, n, preempted):
                 break  # req itself was preempted; it was the last running request
+            step.add(req, req.num_computed_tokens, n)
             scheduled.append(self._scheduled(req, n))
             budget -= n
-            i += 1
         if not preempted:
-            budget = self._admit_waiting(budget, scheduled)
+            budget = self._admit_waiting(budget, scheduled, step)
+        for req in step.paused:  # resumed while under the target; nothing preempted for them
+            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            if step.under_target() and n > 0 and self.kv.allocate_slots(
+                    req.request_id, req.num_computed_tokens + n) is not None:
+                step.add(req, req.num_computed_tokens, n)
+                scheduled.append(self._scheduled(req, n))
+                budget -= n
         return SchedulerOutput(scheduled, preempted)
 
     def _allocate_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
@@ -150,20 +167,23 @@ class Scheduler:
         nxt = num_computed // self.kv.block_size
         return nxt < len(hashes) and hashes[nxt] in self._pending_hashes(scheduled)
 
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
+                       step: StepPrefill) -> int:
         """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
         place) so smaller requests behind it still run, for at most `max_bypass_s`: once a
         skipped request has waited that long for blocks, admission stops behind it. One
         whose next uncached block another request computes this step waits for it
-        (`_defer_for_inflight_prefix`)."""
+        (`_defer_for_inflight_prefix`). Admission stops once the step's prefill rows reach
+        the target (`StepPrefill.full`; the queue is already in policy order)."""
         if not self.waiting:
             return budget  # the usual decode step: nothing to admit, no reserve to sum
         skipped: list[Request] = []
-        now = time.monotonic()
-        self._order_waiting(now)
+        now = step.now
         reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                if step.full(self.waiting[0]):
+                    break
                 req = self.waiting.popleft()
                 try:
                     hits, num_computed = self.kv.get_computed_blocks(
@@ -188,6 +208,7 @@ class Scheduler:
                         break  # passed by long enough: nothing behind it goes first
                     continue
                 req.blocked_since = None
+                step.add(req, num_computed, n)
                 self._start_running(req, num_computed, n, scheduled)
                 budget -= n
                 reserved += self._blocks_to_finish(req)
@@ -211,26 +232,6 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         scheduled.append(self._scheduled(req, n))
-
-    def _order_waiting(self, now: float) -> None:
-        """Sort the waiting queue by the policy (fcfs: leave it). An exact hit per request
-        per step (get_computed_blocks) costs ~1 ms a 20k-token prompt (64 of them: 64 ms;
-        hash lookups alone 18 ms), so each hit is an estimate moved only by the blocks that
-        changed since the last step (`KVCacheManager.estimate_hit_blocks`)."""
-        if self.config.policy != "shortest_first" or len(self.waiting) < 2:
-            return
-        bs, old, hits = self.kv.block_size, self._hit_blocks, {}
-
-        def uncached(r: Request) -> int:
-            n = self.kv.estimate_hit_blocks(r.request_id, r.all_token_ids,
-                                            old.get(r.request_id, 0))
-            hits[r.request_id] = n
-            return r.num_tokens - n * bs
-
-        order = shortest_first(self.waiting, now, self.config, uncached)
-        self._hit_blocks = hits
-        self.waiting.clear()
-        self.waiting.extend(order)
 
     def _blocks_to_finish(self, req: Request) -> int:
         """Blocks a running request still lacks for the tokens it has (its prompt's rest)."""

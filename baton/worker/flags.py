@@ -85,13 +85,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-bypass-s", type=float, default=5.0,
                    help="seconds smaller requests may pass one that cannot get KV blocks "
                         "before admission waits for it (0 = FIFO)")
-    g.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES), default="fcfs",
-                   help="admission order of waiting requests: fcfs (arrival) or "
-                        "shortest_first (fewest uncached prompt tokens first, with aging); "
-                        "default fcfs, shortest_first on prefill workers")
+    g.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES),
+                   default="shortest_first",
+                   help="order of waiting requests: fcfs (arrival) or shortest_first (fewest "
+                        "uncached prompt tokens first, with aging; with "
+                        "--prefill-target-tokens a running prefill yields to a shorter one)")
     g.add_argument("--max-prefill-wait-s", type=float, default=10.0,
                    help="shortest_first aging: a request waiting longer than this goes "
                         "before younger ones, in arrival order (0 = fcfs)")
+    g.add_argument("--prefill-target-tokens", type=int, default=256,
+                   help="a step starts no further prefill once it holds this many prompt "
+                        "tokens (prefill is compute-bound past it: one request after the "
+                        "other gives earlier first tokens than batching them; 0 = fill "
+                        "--max-num-batched-tokens)")
     g.add_argument("--seed", type=int, default=0,
                    help="the default RNG's seed (requests without their own seed)")
 
@@ -133,7 +139,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                                   max_num_seqs=a.max_num_seqs,
                                   long_prefill_token_threshold=a.long_prefill_token_threshold,
                                   max_bypass_s=a.max_bypass_s, policy=a.schedule_policy,
-                                  max_prefill_wait_s=a.max_prefill_wait_s))
+                                  max_prefill_wait_s=a.max_prefill_wait_s,
+                                  prefill_target_tokens=a.prefill_target_tokens))
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:

@@ -1,0 +1,85 @@
+"""One step's prefill rows under `SchedulerConfig.prefill_target_tokens` (scheduler.py).
+
+Prefill on a CPU (and on a GPU past a few hundred tokens a step) is compute-bound: a step of
+3 × 300 prompt tokens takes about three times one of 300. Batching the three gives all of them
+their first token at 3T; running them one after the other gives T, 2T, 3T at the same total
+cost (plus one read of the weights per extra step). So a step starts no further prefill rows
+once it holds `prefill_target_tokens` of them, in the policy's order; under shortest_first a
+running partial prefill also yields its step to a waiting request with fewer uncached tokens
+(shortest remaining processing time first: the mean-TTFT-optimal order for one server,
+Schrage 1968). It keeps its blocks and resumes when it is the shortest again.
+
+Bounds, so nothing starves and nothing stalls:
+- a prefill older than `max_prefill_wait_s` (since arrival) is never paused and does not
+  count toward the target: it runs beside the target's rows, at its chunk cap, every step;
+- decode rows (one token left) never count and are never paused;
+- paused requests resume in the same step while its prefill stays under the target (the head
+  they yielded to was short, or could not be admitted): a paused request never waits on a
+  head that does not run, and no step is left without prefill for it.
+"""
+from __future__ import annotations
+
+from baton.config import SchedulerConfig
+from baton.engine.request import Request
+from baton.engine.schedule_policy import aged, order_key
+
+
+class StepPrefill:
+    """Counts one step's prefill tokens against the target and decides what waits.
+
+    Args:
+        config: the scheduler's config (prefill_target_tokens 0: nothing is ever paused).
+        now: monotonic seconds of this step.
+        head_key: `order_key` of the waiting queue's head under shortest_first, else None.
+        running: the running requests (under shortest_first their partial prefills compete
+            with the head: the one with the lowest `order_key` goes first).
+    """
+
+    def __init__(self, config: SchedulerConfig, now: float, head_key: tuple | None,
+                 running: list[Request]) -> None:
+        self.config, self.now = config, now
+        self.target = config.prefill_target_tokens
+        self.tokens = 0  # prefill tokens scheduled that count toward the target
+        self.rows = 0  # prefill rows scheduled, counted or not
+        self.paused: list[Request] = []
+        self.first = None  # the lowest key of every candidate: it is not paused for order
+        if self.target and config.policy == "shortest_first":
+            keys = [self._key(r) for r in running if self._counts(r, r.num_computed_tokens)]
+            self.first = min(keys + ([head_key] if head_key is not None else []), default=None)
+
+    def _counts(self, req: Request, num_computed: int) -> bool:
+        """A prefill row (more than one token left) younger than max_prefill_wait_s."""
+        return req.num_tokens - num_computed > 1 and not aged(req, self.now, self.config)
+
+    def _key(self, req: Request) -> tuple:
+        return order_key(req, self.now, self.config,
+                         lambda: req.num_tokens - req.num_computed_tokens)
+
+    def pause(self, req: Request) -> bool:
+        """True when running `req` (a partial prefill) sits this step out (recorded in
+        `paused`): the target is reached, or a request with a lower key (the waiting head
+        or another running prefill) goes first."""
+        if not self.target or not self._counts(req, req.num_computed_tokens):
+            return False
+        if self.tokens >= self.target or (self.first is not None and self.first < self._key(req)):
+            self.paused.append(req)
+            return True
+        return False
+
+    def full(self, head: Request) -> bool:
+        """True when admission stops before waiting `head`: the target is reached and head
+        is not old enough to run beside it."""
+        return bool(self.target) and self.tokens >= self.target \
+            and not aged(head, self.now, self.config)
+
+    def under_target(self) -> bool:
+        """True while the step's counted prefill tokens are below the target (or it has no
+        prefill row at all): a paused request may still run this step."""
+        return not self.rows or self.tokens < self.target
+
+    def add(self, req: Request, num_computed: int, n: int) -> None:
+        """Record a scheduled row of `n` tokens from `num_computed` on."""
+        if req.num_tokens - num_computed > 1:
+            self.rows += 1
+            if self._counts(req, num_computed):
+                self.tokens += n
