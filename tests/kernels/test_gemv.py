@@ -73,11 +73,11 @@ def test_smollm2_shapes(out: int, k: int, b: int) -> None:
 
 @needs_native
 @pytest.mark.parametrize("isa", [i for i in _isas() if i != g.ISA_SCALAR])
-@pytest.mark.parametrize("b", [1, 4, 5, 8, 16])
+@pytest.mark.parametrize("b", [1, 4, 5, 7, 8, 12, 16])
 @pytest.mark.parametrize("k", [64, 577])
 def test_batch_invariant_and_tiles_sum_like_single_rows(isa: int, b: int, k: int) -> None:
     """Each output is one fixed summation (16 lanes over k, then _mm512_reduce_add_ps or
-    hsum256): a weight row inside a 4-row tile gives the bits of the same row alone, and a row of
+    hsum256): a weight row inside a 4- or 3-row tile gives the bits of the same row alone, and a row of
     x gives the same bits at any batch size (the B rows only share weight loads)."""
     x, w = _rand(b, k, seed=b), _rand(24, k, seed=k)
     y = g.gemv_native(x, w, isa)
