@@ -5,7 +5,9 @@ baseline), replayed with the same sessions and seed at the first `--concurrency`
 stopped. Configurations and the reference each is compared with:
 
     disaggregated   1 prefill + 1 decode worker, session routing, the two     vs colocated
-                    pinned to disjoint CPU halves (`baton up --pin split`)
+                    sharing the cores per step (`baton up --pin share`: each
+                    takes the cores the other leaves idle; `--pin split` pinned
+                    them to disjoint halves before 2026-12-01)
     colocated       one worker doing both, unpinned, with all cores (--threads 2) (reference)
     session         2 colocated workers, session routing                      vs round-robin
     kv              2 colocated workers, KV-overlap routing                   vs round-robin

@@ -11,7 +11,7 @@ _D, _C = "disaggregated", "colocated"
 ROUTING_NUM_BLOCKS = 640
 CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
     "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session",
-                                 extra_args=("--pin", "split")), "colocated"),
+                                 extra_args=("--pin", "share")), "colocated"),
     "colocated": (ServerSpec("colocated", mode=_C, routing="session",
                              extra_args=("--threads", "2")), None),
     "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
@@ -22,7 +22,7 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
     "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
                             extra_args=("--threads", "2")), None),
     "admission": (ServerSpec("admission", mode=_D, routing="session",
-                             extra_args=("--pin", "split")), "disaggregated"),
+                             extra_args=("--pin", "share")), "disaggregated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")

@@ -65,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-store-segment-bytes", type=int, default=None,
                    help="memory each worker lends the KV store")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--pin", choices=["none", "split"], default="none",
-                   help="split: pin prefill and decode workers to disjoint CPU sets")
+    p.add_argument("--pin", choices=["none", "split", "share"], default="none",
+                   help="split: pin prefill and decode workers to disjoint CPU sets; share: "
+                        "unpinned, each worker steps with the cores the others leave idle "
+                        "(all of them alone, an even share when several are busy)")
     p.add_argument("--log-level", default="WARNING", help="workers' and gateway's log level")
     p.add_argument("--log-dir", default=None, help="one log file per process (default: temp)")
     p.add_argument("--startup-timeout", type=float, default=600.0,

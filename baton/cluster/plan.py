@@ -1,5 +1,5 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
-CPU set (`cpu_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`), its
+CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`), its
 environment (`child_env`) and the fixed ports it will bind (`fixed_ports`, checked free
 before anything starts).
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes
+from baton.worker.cpu_share import create_share_file
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
@@ -30,7 +31,7 @@ def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
     names = [f"prefill-{i}" for i in range(num_prefill if mode == "disaggregated" else 0)]
     names += [f"decode-{i}" for i in range(num_decode)]
-    if pin == "none" or len(cpus) < 2:
+    if pin in ("none", "share") or len(cpus) < 2:
         return {n: None for n in names}
     if mode == "disaggregated":
         half = len(cpus) // 2
@@ -40,6 +41,15 @@ def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
     if workers >= len(cpus):
         return {n: frozenset([cpus[i % len(cpus)]]) for i, n in enumerate(names)}
     return {n: frozenset(cpus[i::workers]) for i, n in enumerate(names)}
+
+
+def cpu_share_plan(pin: str, log_dir: Path, names: list[str]) -> dict[str, list[str]]:
+    """Child name -> its `--cpu-share FILE:SLOT` flags under `--pin share` (one shared file
+    in `log_dir`, one slot per worker, all idle; baton/worker/cpu_share.py), else none."""
+    if pin != "share":
+        return {n: [] for n in names}
+    path = create_share_file(log_dir / "cpu-share", len(names))
+    return {n: ["--cpu-share", f"{path}:{i}"] for i, n in enumerate(names)}
 
 
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

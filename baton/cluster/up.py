@@ -31,6 +31,8 @@ A child that dies during start-up ends `baton up` with status 1 and the tail of 
 cannot steal another's cores: disaggregated = prefill workers on the upper half of the CPUs
 this process may use, decode workers on the lower half; colocated = the CPUs dealt out over the
 workers in turn. The gateway stays unpinned. `--pin none` (default) leaves placement to the OS.
+`--pin share` leaves the workers unpinned and gives each a slot of one shared file in the log
+folder: per step a worker takes the cores the others leave idle (baton/worker/cpu_share.py).
 Logs: one file per child in --log-dir (a temporary folder unless given).
 """
 from __future__ import annotations
@@ -53,6 +55,7 @@ from baton.cluster.kv_master import start_master, stop_master
 from baton.cluster.plan import (
     child_env,
     cpu_plan,
+    cpu_share_plan,
     decode_args,
     gateway_args,
     kv_bytes_per_worker,
@@ -92,6 +95,7 @@ class Cluster:
         self.kv_master: Child | None = None
         self.stop_signal: int | None = None
         self.cpus: dict[str, frozenset[int] | None] = {}
+        self.share: dict[str, list[str]] = {}  # worker name -> its --cpu-share flags
         self.roles: dict[str, str] = {}  # child name -> role
 
     def request_stop(self, sig: int, _frame=None) -> None:
@@ -105,7 +109,7 @@ class Cluster:
 
     def _child(self, name: str, role: str, args: list[str],
                cpus: frozenset[int] | None = None) -> Child:
-        argv = [sys.executable, "-m", ROLE_MODULES[role], *args]
+        argv = [sys.executable, "-m", ROLE_MODULES[role], *args, *self.share.get(name, [])]
         child = Child(name, argv, self.log_dir / f"{name}.log", cpus)
         child.start(self.env)
         self.roles[name] = role
@@ -117,7 +121,8 @@ class Cluster:
         role = self.roles[old.name]
         argv = old.argv if role == "gateway" else [
             sys.executable, "-m", ROLE_MODULES[role],
-            *(prefill_args if role == "prefill" else decode_args)(self.a, old.port)]
+            *(prefill_args if role == "prefill" else decode_args)(self.a, old.port),
+            *self.share.get(old.name, [])]
         new = Child(old.name, argv, old.log_path, old.cpus, port=old.port)
         new.start(self.env)
         self.prefill = [new if c is old else c for c in self.prefill]
@@ -130,6 +135,7 @@ class Cluster:
         """Start the workers, wait for their READY lines, then the gateway until healthy."""
         a = self.a
         self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
+        self.share = cpu_share_plan(a.pin, self.log_dir, list(self.cpus))
         if a.kv_store == "mooncake" and a.kv_store_url is None:
             try:
                 self.kv_master, a.kv_store_url = start_master(self.log_dir / "kv-store.log",

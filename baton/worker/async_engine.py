@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from baton.engine.llm_engine import LLMEngine
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
+from baton.worker.cpu_share import CpuShare
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +45,9 @@ class AsyncEngine:
         # Called on the engine thread after every step (e.g. to send the KV blocks that step
         # completed); an exception it raises is logged, never fails the step's requests.
         self.after_step: Callable[[LLMEngine], None] | None = None
+        # Set before start(): this worker's threads follow the other workers' load per step
+        # (cpu_share.py); marked idle whenever there is nothing to step.
+        self.cpu_share: CpuShare | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -137,10 +141,14 @@ class AsyncEngine:
         while not self._stop.is_set():
             idle = not self.engine.has_unfinished_requests()
             if idle:
+                if self.cpu_share is not None:
+                    self.cpu_share.idle()
                 self._restore_sessions()
             self._drain_commands(block=idle)
             if self._stop.is_set() or not self.engine.has_unfinished_requests():
                 continue
+            if self.cpu_share is not None:
+                self._share_cpus()
             try:
                 outputs = self.engine.step()
                 self.num_steps += 1
@@ -150,6 +158,13 @@ class AsyncEngine:
             self._after_step()
             if outputs:
                 self._loop.call_soon_threadsafe(self.deliver, outputs)
+
+    def _share_cpus(self) -> None:
+        """This step's threads from the other workers' load (cpu_share.py)."""
+        try:
+            self.cpu_share.apply()
+        except Exception:  # noqa: BLE001 - step with the threads already set
+            logger.exception("cpu share failed; keeping the current threads")
 
     def _restore_sessions(self) -> None:
         """Idle: pinned sessions' demoted blocks back from the KV tier (cheap when none)."""

@@ -22,6 +22,8 @@ class ServerConfig:
     drain_seconds: on SIGTERM, how long in-flight requests may take to finish.
     num_threads: torch threads (None: baton.threads.default_num_threads, from the CPUs the
     process may run on).
+    cpu_share: "FILE:SLOT" — share the host's cores with the other workers of FILE per
+    step (baton/worker/cpu_share.py; `baton up --pin share`); None = fixed num_threads.
     """
 
     host: str = "127.0.0.1"
@@ -31,8 +33,11 @@ class ServerConfig:
     drain_seconds: float = 30.0
     log_level: str = "INFO"
     num_threads: int | None = None
+    cpu_share: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cpu_share is not None and not self.cpu_share.rpartition(":")[2].isdigit():
+            raise ValueError(f"cpu_share must be FILE:SLOT, got {self.cpu_share!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.drain_seconds < 0:
@@ -117,6 +122,9 @@ def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: OMP_NUM_THREADS, else the CPUs this process "
                         "may run on less those busy at start)")
+    g.add_argument("--cpu-share", default=None, metavar="FILE:SLOT",
+                   help="per step, take the cores other workers of FILE leave idle (all of "
+                        "this process's CPUs when they are idle, an even share when busy)")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -147,7 +155,8 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
     """The ServerConfig of parsed `add_server_args` flags."""
     return ServerConfig(host=a.host, port=a.port, advertise_address=a.advertise_address,
                         metrics_port=a.metrics_port, drain_seconds=a.drain_seconds,
-                        log_level=a.log_level, num_threads=a.threads)
+                        log_level=a.log_level, num_threads=a.threads,
+                        cpu_share=a.cpu_share)
 
 
 def served_model_name(engine: EngineConfig, override: str | None) -> str:

@@ -29,6 +29,7 @@ from baton.engine.kv_budget import KVBudgetError
 from baton.engine.llm_engine import LLMEngine
 from baton.grpc_options import CHANNEL_OPTIONS
 from baton.threads import set_torch_threads
+from baton.worker.cpu_share import CpuShare
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
@@ -75,6 +76,8 @@ class WorkerRuntime:
         await self.server.stop(grace=1.0)
         await self.parts.close()
         self.ae.shutdown()
+        if self.ae.cpu_share is not None:
+            self.ae.cpu_share.close()
         logger.info("%s worker stopped", self.role, extra={"address": self.address})
 
 
@@ -88,6 +91,9 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
         print(f"{role} worker: {e}", file=sys.stderr, flush=True)
         raise StartFailed(str(e)) from None
     ae = AsyncEngine(engine)
+    if config.server.cpu_share is not None:
+        path, _, slot = config.server.cpu_share.rpartition(":")
+        ae.cpu_share = CpuShare(path, int(slot))
     ae.start()
     layout = kv_layout(served_model_name(config.engine, config.served_model_name),
                        engine.kv_cache)

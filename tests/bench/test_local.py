@@ -69,8 +69,9 @@ def test_compare_routing_configs_are_colocated_pinned_and_bounded():
         assert argv[argv.index("--pin") + 1] == "split"
     four = spec_for("round-robin", 512, routing_workers=4).argv("m", 1)
     assert four[four.index("--num-decode") + 1] == "4"
-    disagg = spec_for("disaggregated").argv("m", 1)
-    assert disagg[disagg.index("--pin") + 1] == "split"
+    for name in ("disaggregated", "admission"):  # the pair differs only in the SLO
+        disagg = spec_for(name).argv("m", 1)
+        assert disagg[disagg.index("--pin") + 1] == "share"  # idle cores lent per step
     coloc = spec_for("colocated").argv("m", 1)
     assert "--pin" not in coloc and coloc[coloc.index("--threads") + 1] == "2"
 

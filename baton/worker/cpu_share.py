@@ -1,0 +1,86 @@
+"""Workers on one CPU host lend each other their cores while idle (`baton up --pin share`).
+
+A prefill and a decode worker pinned one core each (`--pin split`) leave a core idle whenever
+one of them has nothing to step: between an agent's turns the decode worker decodes alone at
+one thread while the prefill core sleeps, and a cold prefill runs at one thread while decode
+waits for it. Colocated serving uses both cores for whatever runs. Here each worker marks
+itself busy in a small shared file (one byte per worker, mmap'd) while it has work and idle
+when it has none, and before every engine step sets its own torch threads to
+
+    threads = max(1, cpus // (1 + other busy workers))
+
+so a worker stepping alone takes every core and two busy workers one each (no more threads
+than cores: OpenMP threads that outnumber free cores spin for each other, measured in
+baton/threads.py at 26x slower). The file is written only on idle/busy transitions and read
+with one small mmap slice per step (microseconds). A race (both see the other idle and start
+a step) costs one oversubscribed step; the next step sees both busy.
+
+Threads are set on the engine thread itself: torch/OpenMP thread counts are per calling
+thread (a thread's first parallel region copies the global count once), so the worker's
+start-up `set_num_threads` does not reach later changes on the engine thread.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+
+def create_share_file(path: Path, num_workers: int) -> Path:
+    """Make the shared file for `num_workers` workers (all idle). Raises ValueError if < 1."""
+    if num_workers < 1:
+        raise ValueError("num_workers must be ≥ 1")
+    path.write_bytes(bytes(num_workers))
+    return path
+
+
+class CpuShare:
+    """One worker's view of the shared busy bytes.
+
+    Args:
+        path: the file `create_share_file` made (its size = the number of workers).
+        slot: this worker's byte, 0 <= slot < size.
+        cpus: cores the workers share (default: this process's affinity).
+    Raises ValueError for a slot outside the file; OSError if it cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike, slot: int, cpus: int | None = None) -> None:
+        self._f = open(path, "r+b")  # noqa: SIM115 - held for the worker's life
+        self._mm = mmap.mmap(self._f.fileno(), 0)
+        if not 0 <= slot < len(self._mm):
+            raise ValueError(f"cpu share slot {slot} outside 0..{len(self._mm) - 1}")
+        self.slot = slot
+        self.cpus = cpus or len(os.sched_getaffinity(0))
+        self._mm[slot] = 0  # idle until it has work (a restarted worker clears its old mark)
+        self._busy = False
+        self._threads = 0  # last count set (0: none yet)
+
+    def threads_for_step(self) -> int:
+        """Mark this worker busy and return the threads its next step should use."""
+        if not self._busy:
+            self._mm[self.slot] = 1
+            self._busy = True
+        others = sum(self._mm[:]) - 1
+        return max(1, self.cpus // (1 + others))
+
+    def apply(self) -> int:
+        """`threads_for_step`, set with torch.set_num_threads when it changed; the count."""
+        n = self.threads_for_step()
+        if n != self._threads:
+            import torch
+
+            torch.set_num_threads(n)
+            self._threads = n
+        return n
+
+    def idle(self) -> None:
+        """Mark this worker idle (nothing to step): the others may take its cores."""
+        if self._busy:
+            self._mm[self.slot] = 0
+            self._busy = False
+
+    def close(self) -> None:
+        """Idle, and release the mapping."""
+        self.idle()
+        self._mm.close()
+        self._f.close()
