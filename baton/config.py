@@ -106,10 +106,11 @@ class SchedulerConfig:
     "fcfs" (arrival) or "shortest_first" (fewest uncached prompt tokens first, with aging).
     max_prefill_wait_s: under shortest_first, a request waiting longer than this goes before
     the younger ones (in arrival order among such), so a long cold prefill still starts; a
-    prefill this old also runs beside the prefill_target_tokens rows (under either policy).
+    prefill this old also runs beside the prefill_target_tokens rows (one a step, under
+    either policy).
     prefill_target_tokens: a step starts no further prefill rows once its prefill tokens reach
-    this (decode rows and prefills older than max_prefill_wait_s do not count; 0 = fill the
-    budget). Prefill is compute-bound once a step holds a few hundred tokens, so batching more
+    this (decode rows and the one prefill older than max_prefill_wait_s a step may run beside
+    it do not count; 0 = fill the budget). Prefill is compute-bound once a step holds a few hundred tokens, so batching more
     requests into the step buys no throughput and only delays the first tokens of all of them;
     one after the other (in policy order) they come at T, 2T, 3T instead of 3T, 3T, 3T. Under
     shortest_first a running partial prefill also yields the step to a waiting request with

@@ -48,11 +48,14 @@ def test_without_a_target_they_share_one_step(clock):
 
 
 def test_under_the_target_several_short_prompts_share_a_step(clock):
-    """Target 30: a (12) and b (12) are under it, c starts beside them (the step is at 24)."""
+    """Target 30: a (12) and b (12) are under it, c starts beside them (the step is at 24)
+    with the 6 tokens left of the target; the step's first row keeps its whole chunk."""
     s = _three(30, clock)
-    assert _rows(_step(s)) == [("a", 12), ("b", 12), ("c", 12)]
+    assert _rows(_step(s)) == [("a", 12), ("b", 12), ("c", 6)]
     s = _three(20, clock)
-    assert _rows(_step(s)) == [("a", 12), ("b", 12)]  # 24 >= 20: c waits a step
+    assert _rows(_step(s)) == [("a", 12), ("b", 8)]  # 20 reached: c waits a step
+    s = _three(8, clock)
+    assert _rows(_step(s)) == [("a", 12)]
 
 
 def _long_then_short(clock, policy: str, **kw):
@@ -73,9 +76,9 @@ def test_a_running_prefill_yields_its_step_to_a_shorter_one(clock):
     blocks = s.kv.num_request_blocks("long")
     assert _rows(_step(s)) == [("short", 8)]  # the chunk cap
     assert long.status is RequestStatus.RUNNING and s.kv.num_request_blocks("long") == blocks
-    assert _rows(_step(s)) == [("short", 2), ("long", 8)]  # short first; 2 < 8: long too
+    assert _rows(_step(s)) == [("short", 2), ("long", 6)]  # short first, long the rest
     assert short.status is RequestStatus.FINISHED_LENGTH
-    assert _drain(s) == [[("long", 8)]] * 3
+    assert _drain(s) == [[("long", 8)]] * 3 + [[("long", 2)]]
     assert long.num_computed_tokens == 40 and long.num_preemptions == 0
     assert s.kv.num_free_blocks == s.kv.num_blocks
 
@@ -90,9 +93,27 @@ def test_an_old_prefill_is_never_paused_and_runs_beside_the_target(clock):
     """Past max_prefill_wait_s since arrival the long prompt neither yields nor counts:
     short is admitted beside it every step."""
     s, long, short = _long_then_short(clock, "shortest_first", max_prefill_wait_s=5.0)
-    clock.t += 5.0
+    clock.t += 4.5  # long is 5.5 s old, short 4.5 s
     assert _rows(_step(s)) == [("long", 8), ("short", 8)]
     assert _rows(_step(s)) == [("long", 8), ("short", 2)]
+
+
+def test_old_prefills_run_beside_the_target_one_a_step_oldest_first(clock):
+    """Three cold prompts all past max_prefill_wait_s (an overload): one of them a step
+    advances beside the young short one, the oldest first, so the step stays one chunk
+    plus the target instead of every old prompt's chunk at once."""
+    s = _scheduler(64, policy="shortest_first", prefill_target_tokens=8,
+                   long_prefill_token_threshold=8, max_prefill_wait_s=5.0)
+    olds = [_arrive(s, clock, _req(f"old{i}", [3 + i] + list(range(100, 115)), max_tokens=1))
+            for i in range(3)]  # 16 tokens each
+    clock.t += 6.0
+    _arrive(s, clock, _req("short", [9] + list(range(10, 17)), max_tokens=1))
+    assert _rows(_step(s)) == [("old0", 8), ("short", 8)]
+    assert _rows(_step(s)) == [("old0", 8)]
+    assert _rows(_step(s)) == [("old1", 8)]
+    assert _drain(s) == [[("old1", 8)], [("old2", 8)], [("old2", 8)]]
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in olds)
+    assert s.kv.num_free_blocks == s.kv.num_blocks
 
 
 def test_a_paused_prefill_runs_when_the_shorter_one_cannot_start(clock):

@@ -10,8 +10,11 @@ running partial prefill also yields its step to a waiting request with fewer unc
 Schrage 1968). It keeps its blocks and resumes when it is the shortest again.
 
 Bounds, so nothing starves and nothing stalls:
-- a prefill older than `max_prefill_wait_s` (since arrival) is never paused and does not
-  count toward the target: it runs beside the target's rows, at its chunk cap, every step;
+- a prefill older than `max_prefill_wait_s` (since arrival) does not count toward the
+  target and runs beside the target's rows at its chunk cap: one such request a step, the
+  first in order (arrival), so an overload of old prompts advances one at a time instead of
+  filling every step with all of them (a step of four 512-token chunks takes ~5 s on one
+  core here, and every short turn would wait for it);
 - decode rows (one token left) never count and are never paused;
 - paused requests resume in the same step while its prefill stays under the target (the head
   they yielded to was short, or could not be admitted): a paused request never waits on a
@@ -41,6 +44,7 @@ class StepPrefill:
         self.target = config.prefill_target_tokens
         self.tokens = 0  # prefill tokens scheduled that count toward the target
         self.rows = 0  # prefill rows scheduled, counted or not
+        self.aged_rows = 0  # prefill rows of requests older than max_prefill_wait_s
         self.paused: list[Request] = []
         self.first = None  # the lowest key of every candidate: it is not paused for order
         if self.target and config.policy == "shortest_first":
@@ -59,23 +63,47 @@ class StepPrefill:
         """True when running `req` (a partial prefill) sits this step out (recorded in
         `paused`): the target is reached, or a request with a lower key (the waiting head
         or another running prefill) goes first."""
-        if not self.target or not self._counts(req, req.num_computed_tokens):
+        if not self.target or req.num_tokens - req.num_computed_tokens <= 1:
             return False
-        if self.tokens >= self.target or (self.first is not None and self.first < self._key(req)):
+        if aged(req, self.now, self.config):
+            hold = self.aged_rows > 0
+        else:
+            hold = self.tokens >= self.target or (
+                self.first is not None and self.first < self._key(req))
+        if hold:
             self.paused.append(req)
             return True
         return False
 
-    def full(self, head: Request) -> bool:
-        """True when admission stops before waiting `head`: the target is reached and head
-        is not old enough to run beside it."""
-        return bool(self.target) and self.tokens >= self.target \
-            and not aged(head, self.now, self.config)
+    ADMIT, SKIP, STOP = "admit", "skip", "stop"
 
-    def under_target(self) -> bool:
-        """True while the step's counted prefill tokens are below the target (or it has no
-        prefill row at all): a paused request may still run this step."""
-        return not self.rows or self.tokens < self.target
+    def verdict(self, head: Request) -> str:
+        """For admitting waiting `head`: ADMIT; SKIP (an old prompt while this step already
+        runs one: it keeps its place, younger ones behind it may still start); STOP (the
+        target is reached: nothing more starts this step)."""
+        if not self.target:
+            return self.ADMIT
+        if aged(head, self.now, self.config):
+            return self.SKIP if self.aged_rows > 0 else self.ADMIT
+        return self.STOP if self.tokens >= self.target else self.ADMIT
+
+    def may_resume(self, req: Request) -> bool:
+        """True when paused `req` may still run this step: the step has no prefill row at
+        all, or (req old) no old row yet, or (req young) its counted tokens are below the
+        target."""
+        if not self.rows:
+            return True
+        if aged(req, self.now, self.config):
+            return self.aged_rows == 0
+        return self.tokens < self.target
+
+    def cap(self, req: Request, num_computed: int, n: int) -> int:
+        """`n` tokens of a row cut to what is left of the target once the step holds prefill
+        (a step's first row keeps its chunk): a long prompt starting behind short ones takes
+        only the rest of the step, so their first tokens do not wait for its whole chunk."""
+        if self.target and self.tokens and self._counts(req, num_computed):
+            return max(1, min(n, self.target - self.tokens))
+        return n
 
     def add(self, req: Request, num_computed: int, n: int) -> None:
         """Record a scheduled row of `n` tokens from `num_computed` on."""
@@ -83,3 +111,5 @@ class StepPrefill:
             self.rows += 1
             if self._counts(req, num_computed):
                 self.tokens += n
+            else:
+                self.aged_rows += 1

@@ -114,7 +114,8 @@ class Scheduler:
             i += 1
             if step.pause(req):
                 continue  # before i: never a preemption victim below
-            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            n = step.cap(req, req.num_computed_tokens,
+                         self._num_new_tokens(req, req.num_computed_tokens, budget))
             if not self._allocate_or_preempt(req, n, preempted):
                 break  # req itself was preempted; it was the last running request
             step.add(req, req.num_computed_tokens, n)
@@ -123,8 +124,9 @@ class Scheduler:
         if not preempted:
             budget = self._admit_waiting(budget, scheduled, step)
         for req in step.paused:  # resumed while under the target; nothing preempted for them
-            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
-            if step.under_target() and n > 0 and self.kv.allocate_slots(
+            n = step.cap(req, req.num_computed_tokens,
+                         self._num_new_tokens(req, req.num_computed_tokens, budget))
+            if step.may_resume(req) and n > 0 and self.kv.allocate_slots(
                     req.request_id, req.num_computed_tokens + n) is not None:
                 step.add(req, req.num_computed_tokens, n)
                 scheduled.append(self._scheduled(req, n))
@@ -174,7 +176,7 @@ class Scheduler:
         skipped request has waited that long for blocks, admission stops behind it. One
         whose next uncached block another request computes this step waits for it
         (`_defer_for_inflight_prefix`). Admission stops once the step's prefill rows reach
-        the target (`StepPrefill.full`; the queue is already in policy order)."""
+        the target (`StepPrefill.verdict`; the queue is already in policy order)."""
         if not self.waiting:
             return budget  # the usual decode step: nothing to admit, no reserve to sum
         skipped: list[Request] = []
@@ -182,16 +184,20 @@ class Scheduler:
         reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                if step.full(self.waiting[0]):
+                verdict = step.verdict(self.waiting[0])
+                if verdict == StepPrefill.STOP:
                     break
                 req = self.waiting.popleft()
+                if verdict == StepPrefill.SKIP:
+                    skipped.append(req)
+                    continue
                 try:
                     hits, num_computed = self.kv.get_computed_blocks(
                         req.request_id, req.all_token_ids, reserved)
                     if self._defer_for_inflight_prefix(req, num_computed, scheduled):
                         skipped.append(req)
                         continue
-                    n = self._num_new_tokens(req, num_computed, budget)
+                    n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, budget))
                     blocks = None
                     if self._fits_whole_prompt(req, hits, reserved):
                         blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
