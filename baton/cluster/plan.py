@@ -1,7 +1,7 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
-CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its command line (`prefill_args`, `decode_args`, `gateway_args`), its
-environment (`child_env`) and the fixed ports it will bind (`fixed_ports`, checked free
-before anything starts).
+CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its command line
+(`prefill_args`, `decode_args`, `gateway_args`), its environment (`child_env`) and the fixed
+ports it will bind (`fixed_ports`, checked free before anything starts).
 
 The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
 a service, so these are checked where services may be imported: tests/test_cluster_plan.py

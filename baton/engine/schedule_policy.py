@@ -18,8 +18,9 @@ def aged(r: Request, now: float, config: SchedulerConfig) -> bool:
 def order_key(r: Request, now: float, config: SchedulerConfig,
               uncached: Callable[[], int]) -> tuple:
     """shortest_first's sort key of `r`, `uncached()` its prompt tokens left to compute
-    (called only when the key needs it): lower goes first (see `shortest_first`). Also compares a running partial prefill against the
-    head of the waiting queue (scheduler.py: the longer one yields the step)."""
+    (called only when the key needs it): lower goes first (see `shortest_first`). Also
+    compares a running partial prefill with the waiting queue's head (prefill_target.py:
+    the one with the higher key yields the step)."""
     if r.status is RequestStatus.PREEMPTED:
         return (0, 0, 0.0)  # equal keys: the stable sort keeps their queue order
     blocked = r.blocked_since is not None and now - r.blocked_since >= config.max_bypass_s

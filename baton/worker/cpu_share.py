@@ -15,7 +15,9 @@ baton/threads.py at 26x slower). The file is written only on idle/busy transitio
 with one small mmap slice per step (microseconds). A race (both see the other idle and start
 a step) costs one oversubscribed step; the next step sees both busy.
 
-Threads are set on the engine thread itself: torch/OpenMP thread counts are per calling
+Only Baton's own workers are counted: another program busy on the same cores is not seen
+(`--pin split` or fixed `--threads` suit a shared host), and `--threads` is only the count a
+worker starts with. Threads are set on the engine thread itself: torch/OpenMP thread counts are per calling
 thread (a thread's first parallel region copies the global count once), so the worker's
 start-up `set_num_threads` does not reach later changes on the engine thread.
 """
@@ -48,7 +50,10 @@ class CpuShare:
         self._f = open(path, "r+b")  # noqa: SIM115 - held for the worker's life
         self._mm = mmap.mmap(self._f.fileno(), 0)
         if not 0 <= slot < len(self._mm):
-            raise ValueError(f"cpu share slot {slot} outside 0..{len(self._mm) - 1}")
+            size = len(self._mm)
+            self._mm.close()
+            self._f.close()
+            raise ValueError(f"cpu share slot {slot} outside 0..{size - 1}")
         self.slot = slot
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self._mm[slot] = 0  # idle until it has work (a restarted worker clears its old mark)
