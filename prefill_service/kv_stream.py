@@ -8,6 +8,7 @@ pages as its chunks finish). TTFT ≈ prefill time + the last chunk's transfer.
     step 2:  tokens 8-15 computed  → push(tid, [b2, b3]) while step 3 computes
     step 3:  tokens 16-18 + first token: the request finishes, held (block_holds.py)
     finish:  push(tid, [b4])       the remainder: the last chunk's blocks and the partial one
+                                   (in the same after_step, as soon as the request is held)
     the worker waits for DONE as before, then unpins; the decode side sees one transfer
 
 Every method runs on the engine thread (`after_step` is AsyncEngine's hook; the worker calls
@@ -45,6 +46,7 @@ class KVStream:
     pushes: list[int] = field(default_factory=list)  # blocks per push, early ones first
     pinned: list[Block] = field(default_factory=list)
     failed: str = ""                # why a push raised (the transfer was cancelled)
+    ended: bool = False             # finish() ran: every block pushed, nothing more comes
 
     @property
     def num_blocks(self) -> int:
@@ -75,20 +77,27 @@ class KVStreams:
         return True
 
     def after_step(self, engine: LLMEngine) -> None:
-        """Push every live stream's blocks that the step just completed."""
+        """Push every live stream's blocks that the step just completed; a prompt the step
+        finished (held) gets the rest of its blocks now (`finish`), before its first token
+        reaches the worker: waiting for the worker to ask would cost a whole engine step
+        (its call runs between steps), seconds behind a long prompt's chunk on a CPU."""
         for s in list(self.live.values()):
             try:
                 req = engine.get_request(s.request_id)
             except KeyError:
-                continue  # finished (finish() sends the rest) or ended (stop() comes)
+                if s.request_id in self.holds:
+                    self.finish(s)
+                continue  # or ended without a hold (stop() comes)
             full = min(req.num_computed_tokens // self.block_size - s.first_block, s.num_blocks)
             if full > s.sent:
                 self._push(s, full)
 
     def finish(self, stream: KVStream) -> None:
-        """The prompt is done and held: push the rest of its blocks (ends the stream)."""
+        """The prompt is done and held: push the rest of its blocks (ends the stream).
+        Idempotent: `stream.ended` tells the worker it already ran."""
         if self.live.pop(stream.request_id, None) is stream:
             self._push(stream, stream.num_blocks)
+        stream.ended = True
 
     def stop(self, stream: KVStream) -> None:
         """No more pushes; the transfer is cancelled unless it is final already."""

@@ -74,6 +74,7 @@ class PrefillWorker:
         self.leases: Leases[PrefillSequence] = Leases(config.lease_seconds,
                                                       config.tombstone_seconds)
         self.accepting = True
+        self._unpins: set[asyncio.Future] = set()  # pin drops in flight (`_unpin_later`)
 
     def start(self) -> None:
         self.leases.start(self._expire)
@@ -231,8 +232,9 @@ class PrefillWorker:
         t0, tid = time.monotonic(), req.transfer_id
         budget = max(0.001, seq.deadline - t0)
         stream = seq.stream
-        if stream is not None:  # the rest of a streamed transfer
-            await self.ae.call(lambda eng: self.streams.finish(stream))
+        if stream is not None:  # the rest of a streamed transfer (after_step sent it)
+            if not stream.ended:
+                await self.ae.call(lambda eng: self.streams.finish(stream))
             sent = stream.num_blocks
         else:
             table = await self.ae.call(lambda eng: self.holds.block_table(rid))
@@ -248,9 +250,9 @@ class PrefillWorker:
             sent = len(src)
         state = await self.sender.wait_async(tid, budget + 2.0)
         self.sender.forget(tid)  # fails it if somehow still in flight (NIXL cancels it)
-        if stream is not None:
+        if stream is not None:  # final: the pins go at the next step boundary, unawaited
             seq.stream = None
-            await self.ae.call(lambda eng: self.streams.unpin(stream))
+            self._unpin_later(stream)
         seconds = time.monotonic() - t0
         if state != TransferState.DONE or seq.aborted.is_set():
             await self._release(seq)
@@ -259,6 +261,19 @@ class PrefillWorker:
             raise PrefillEnded(S.PREFILL_STATUS_TRANSFER_FAILED, f"KV transfer ended {state.name}")
         self.metrics.transfer_seconds.observe(seconds)
         return sent, seconds
+
+    def _unpin_later(self, stream: KVStream) -> None:
+        """Drop a final transfer's pins on the engine thread without holding the reply for
+        it (awaiting the call would wait for the step in flight to end). Blocks stay pinned
+        until then: extra references only, the request's own hold is separate."""
+        task = asyncio.ensure_future(self.ae.call(lambda eng: self.streams.unpin(stream)))
+        self._unpins.add(task)
+        task.add_done_callback(self._unpin_done)
+
+    def _unpin_done(self, task: asyncio.Future) -> None:
+        self._unpins.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("unpinning sent KV blocks failed: %r", task.exception())
 
     async def _release(self, seq: PrefillSequence) -> bool:
         """End the hold on a sequence's blocks (to the prefix cache); idempotent."""

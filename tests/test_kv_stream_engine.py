@@ -67,9 +67,10 @@ def test_pins_survive_a_preemption_and_the_stream_decodes_exactly(pair, tiny_lla
         if first:
             break
     # blocks 0 and 1 come back as prefix hits (pinned, still cached) and are not sent
-    # again; 2 and 3 go out as their steps end, 4 with the first token
-    assert stream.pushes == [1, 1, 1, 1]
-    streams.finish(stream)
+    # again; 2 and 3 go out as their steps end, 4 in the after_step of the first token's
+    # step (the prompt is held: the stream finishes at once, the worker need not ask)
+    assert stream.pushes == [1, 1, 1, 1, 1] and stream.ended
+    streams.finish(stream)  # idempotent: nothing more is pushed
     assert sum(stream.pushes) == 5 and receiver.poll("r") == TransferState.DONE
     streams.unpin(stream)
     assert holds.release("r")
