@@ -21,11 +21,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "isa.h"
 #include "simd_exp.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef BATON_X86
 #include <immintrin.h>
-#define BATON_X86 1
 #endif
 
 namespace {
@@ -175,16 +175,7 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn& a, int64_t t, 
 }
 #endif
 
-bool use_avx512(int64_t isa) {
-#ifdef BATON_X86
-  static const bool has512 = __builtin_cpu_supports("avx512f");
-  TORCH_CHECK(isa != 3 || has512, "cpu_decode: this CPU has no AVX-512F");
-  return isa == 3 || (isa == 0 && has512);
-#else
-  TORCH_CHECK(isa <= 1, "cpu_decode: SIMD variants exist only on x86-64");
-  return false;
-#endif
-}
+bool use_avx512(int64_t isa) { return baton::use_avx512(isa, "cpu_decode"); }
 
 void check_f32(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),

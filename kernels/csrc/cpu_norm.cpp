@@ -13,24 +13,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "isa.h"
 #include "simd_exp.h"
 
 namespace {
 
-#if defined(__x86_64__) || defined(_M_X64)
-#define BATON_X86 1
-#endif
-
-bool has_avx512(int64_t isa) {
-#ifdef BATON_X86
-  static const bool has = __builtin_cpu_supports("avx512f");
-  TORCH_CHECK(isa != 3 || has, "cpu_norm: this CPU has no AVX-512F");
-  return isa == 3 || (isa == 0 && has);
-#else
-  TORCH_CHECK(isa <= 1, "cpu_norm: SIMD variants exist only on x86-64");
-  return false;
-#endif
-}
+bool has_avx512(int64_t isa) { return baton::use_avx512(isa, "cpu_norm"); }
 
 // Σ x² in 16 lanes, then the lanes summed as a tree (8+8, 4+4, 2+2, 1+1), scalar form.
 float sumsq_scalar(const float* x, int64_t n) {
