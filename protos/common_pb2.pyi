@@ -199,7 +199,7 @@ class BlockHashSnapshot(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "snapshot", "num_steps", "metrics_port")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "snapshot", "num_steps", "metrics_port", "prefill_tokens_per_s")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class WorkerStats(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     worker_id: str
     num_running: int
@@ -228,7 +229,8 @@ class WorkerStats(_message.Message):
     snapshot: BlockHashSnapshot
     num_steps: int
     metrics_port: int
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ..., metrics_port: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from baton.engine.kv_budget import auto_num_blocks, read_mem_available
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
+from baton.engine.prefill_rate import PrefillRate
 from baton.engine.request import Request, RequestStatus, resolve_max_tokens
 from baton.engine.sampler import SamplerOutput, make_generator
 from baton.engine.sched_output import ScheduledRequest
@@ -72,6 +74,7 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
                                  tier=tiers_for(self.runner.kv_cache, cache, config.model))
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.prefill_rate = PrefillRate()
         self.eos_token_ids = eos_token_ids(self.model.config, self.model_path, self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
@@ -121,7 +124,7 @@ class LLMEngine:
         """A consistent snapshot; call on the engine thread."""
         s = self.scheduler
         return snapshot(s.waiting, s.running, self.kv, s.config.max_num_seqs, self.counts(),
-                        include_block_hashes)
+                        include_block_hashes, self.prefill_rate.tokens_per_s)
 
     def get_request(self, request_id: str) -> Request:
         """The live request (read it, don't change it). Raises KeyError once it ended."""
@@ -215,6 +218,7 @@ class LLMEngine:
         A fault one request alone hits (its admission, its sampled token's processing) ends
         that request with an error; the others go on. Anything else raises (the caller then
         fails the running batch: `fail_running`)."""
+        started = time.perf_counter()
         try:
             scheduled, _ = self.scheduler.schedule()
         except AdmissionError as e:
@@ -225,11 +229,16 @@ class LLMEngine:
         if not scheduled:
             return []
         rows, sampled = self.runner.execute(scheduled)
+        prompt_tokens = 0
         for s in scheduled:
             req = s.request
+            prompt_tokens += max(0, min(s.num_new_tokens,
+                                        req.num_prompt_tokens - req.num_computed_tokens))
             req.num_computed_tokens += s.num_new_tokens
             self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
-        return self._process_samples(rows, sampled) if sampled is not None else []
+        outputs = self._process_samples(rows, sampled) if sampled is not None else []
+        self.prefill_rate.observe(prompt_tokens, time.perf_counter() - started)
+        return outputs
 
     def _process_samples(self, rows: list[ScheduledRequest],
                          sampled: SamplerOutput) -> list[StepOutput]:

@@ -82,6 +82,8 @@ class EngineStats(NamedTuple):
     num_free_blocks counts blocks no live request holds (cached-but-evictable included).
     load: max(KV usage, running / max_num_seqs) + waiting / max_num_seqs (≥ 0; 1 ≈ full).
     block_hashes: every cached block's chained hash, when asked for (else empty).
+    prefill_tokens_per_s: prompt tokens per second of step time, measured over recent steps
+    (prefill_rate.py; 0.0 until measured).
     """
 
     counts: EngineCounts
@@ -91,11 +93,12 @@ class EngineStats(NamedTuple):
     max_num_seqs: int
     load: float
     block_hashes: tuple[int, ...] = ()
+    prefill_tokens_per_s: float = 0.0
 
 
 def snapshot(waiting: Collection[Request], running: Collection[Request], kv: KVCacheManager,
-             max_num_seqs: int, counts: EngineCounts,
-             include_block_hashes: bool) -> EngineStats:
+             max_num_seqs: int, counts: EngineCounts, include_block_hashes: bool,
+             prefill_tokens_per_s: float = 0.0) -> EngineStats:
     """EngineStats of a scheduler's queues and its KV manager (engine thread)."""
     waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
                          for r in (*waiting, *running))
@@ -103,7 +106,7 @@ def snapshot(waiting: Collection[Request], running: Collection[Request], kv: KVC
     load = max(kv.usage, len(running) / seqs) + len(waiting) / seqs
     hashes = tuple(kv.cached_block_hashes()) if include_block_hashes else ()
     return EngineStats(counts, waiting_tokens, kv.num_cached_blocks, kv.usage, seqs, load,
-                       hashes)
+                       hashes, prefill_tokens_per_s)
 
 
 def counts_of(running: Collection[Request], waiting: Collection[Request],

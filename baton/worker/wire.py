@@ -152,7 +152,8 @@ def worker_stats(stats: EngineStats, role: int, worker_id: str, layout: common_p
         num_waiting=c.num_waiting + c.num_waiting_for_remote_kv,
         num_waiting_tokens=stats.num_waiting_tokens, num_free_blocks=c.num_free_blocks,
         num_total_blocks=c.num_total_blocks, num_cached_blocks=stats.num_cached_blocks,
-        load=stats.load, kv_layout=layout, kv_epoch=kv_epoch)
+        load=stats.load, kv_layout=layout, kv_epoch=kv_epoch,
+        prefill_tokens_per_s=stats.prefill_tokens_per_s)
     if stats.block_hashes:
         msg.snapshot.block_hashes.extend(stats.block_hashes)
     return msg
