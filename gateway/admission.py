@@ -5,28 +5,43 @@ Computation", FAST'25, § "Overload-oriented scheduling"): under overload, a req
 would miss its SLO anyway is refused at arrival from a prediction of the queues it would
 join, instead of being prefilled (using prefill and transfer capacity) and then missing.
 
-    with --slo-ttft-ms, for each request, after routing and before Generate:
-      uncached  = prompt tokens − blocks the chosen decode worker is thought to hold
-      queue(w)  = max(w's num_waiting_tokens from its stats,
-                      uncached tokens of requests this gateway admitted to w that have no
-                      first token yet)
-      decode path  = (queue(decode worker) + uncached) × its s/token
-      prefill path = (queue(prefill worker) + uncached) × its s/token
-      TTFT ≈ the cheaper allowed path (the decode worker's P/D decider takes the cheaper one;
-             --prefill-mode local / remote, or no prefill worker, allow one)
-      TTFT > SLO, and the queue is the cause (the idle prediction fits)
-           → 429 slo_unattainable, Retry-After = TTFT − SLO (the queue drains meanwhile)
-    learning: when a request ends, s/token of the worker that prefilled it (Finished's
-    timings.remote_prefill tells which) += EWMA(gateway TTFT / (that worker's queue at
-    admission + the request's uncached tokens from its usage)), starting from a prior.
+    with --slo-ttft-ms, for each request, after routing and before Generate, per path it may
+    prefill on (the decode worker; the prefill worker unless --prefill-mode local):
+      u        = prompt tokens − blocks the chosen decode worker is thought to hold
+      own      = uncached tokens of the requests this gateway admitted to that worker that
+                 have no first token yet (one entry each)
+      ahead    = Σ own entries ≤ u                 workers run prefill shortest first
+                 + min(CHUNK_TOKENS, largest own entry > u)   a longer prompt's chunk may be
+                                                              in the step in flight
+                 + max(0, worker's num_waiting_tokens, aged − Σ own)   others' work
+      rate     = the worker's prefill_tokens_per_s (WorkerStats: measured per step on the
+                 worker, prefill_rate.py), PRIOR_TOKENS_PER_S until it has one
+      TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
+    TTFT = the path the decode worker's P/D decider (decode_service/pd_decider.py) takes:
+      the prefill worker when decode is running sequences and a local prefill of u would
+      stall them past ITL_BUDGET_S (its default --local-prefill-itl-budget-ms), else the
+      faster path.
+      TTFT ≤ SLO                                   → admit
+      TTFT > SLO, idle ≤ SLO (the queue is why)    → 429 slo_unattainable,
+                                                     Retry-After = TTFT − SLO
+      TTFT > SLO even idle                         → admit when nothing is queued on any
+                                                     allowed path (a retry would miss too),
+                                                     else 429, Retry-After = the queues'
+                                                     drain time
+    An admitted request's u is counted on every allowed path until its first token
+    (`release`).
 
-The gateway's own count matters: a worker's num_waiting_tokens leaves out the request it is
-prefilling now (and every one admitted since its last stats poll), so under a burst the
-stats alone saw an almost empty queue while TTFTs were ten times the SLO, and the learned
-s/token absorbed that queueing (measured: a bursts run at c = 8, 3 s SLO, admitted all).
+Why these inputs. The gateway's own count: a worker's num_waiting_tokens is as old as its last
+stats poll (and GetStats waits for the step in flight), so under a burst the stats alone saw
+near-empty queues while TTFTs were ten times the SLO. The worker's measured rate: a rate
+learned from gateway-side TTFTs also held every queue and the decode batch those requests
+waited in (measured 10–100× off under the bursts workload). Shortest first: a short
+continuation is not behind the long prompts queued before it (schedule_policy.py), so
+counting those made the prediction refuse exactly the requests that would have met the SLO.
+A prompt too long for the SLO even alone is let in only onto idle workers: refused always,
+it would never be served; let in always, it takes the prefill capacity (and, past
+--max-prefill-wait-s, a share of every step) from requests that would meet the SLO.
 Stale or missing stats count as an empty queue (unknown is not saturated, as in routing).
-A prompt that misses the SLO on an idle cluster is admitted: refusing it would not help, a
-retry would miss too.
 """
 from __future__ import annotations
 
@@ -35,31 +50,42 @@ from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError
 
-PRIOR_SECONDS_PER_TOKEN = 1 / 2000  # a few thousand prompt tokens/s until measured
-EWMA_ALPHA = 0.2
-MIN_SAMPLE_TOKENS = 32  # below this a TTFT measures fixed costs (tokenizing, RPCs), not rate
+PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
+CHUNK_TOKENS = 256           # workers' default --prefill-target-tokens: one step's prefill
+ITL_BUDGET_S = 0.05          # decode workers' default --local-prefill-itl-budget-ms
 
 
 @dataclass(frozen=True)
 class PathQueue:
-    """One worker a request may prefill on: its address and queued prompt tokens (0 when its
-    stats are stale or missing)."""
+    """One worker a request may prefill on: its address, queued prompt tokens by its stats
+    (aged; 0 when stale or missing), its measured prefill tokens/s (0 = not measured) and
+    its running sequences (0 when stale or missing)."""
 
     address: str
     waiting_tokens: int
+    tokens_per_s: float = 0.0
+    num_running: int = 0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One path's TTFT in seconds now and on an idle worker; `ahead`: tokens before the
+    request (what `busy` means: > 0)."""
+
+    address: str
+    seconds: float
+    idle_seconds: float
+    ahead: int
+    rate: float
 
 
 @dataclass
 class Ticket:
-    """An admitted request's prediction, kept to learn from its TTFT. `decode` / `prefill`
-    carry the queues counted at admission; `path` is the worker it was predicted to prefill
-    on, where its `uncached` tokens count as queued until `release`."""
+    """An admitted request: its predicted TTFT (chosen path) and the `paths` where its
+    `uncached` tokens count as queued until `release`."""
 
-    decode: PathQueue
-    prefill: PathQueue | None
     predicted_s: float
-    ttft_s: float | None = None
-    path: str = ""
+    paths: tuple[str, ...] = ()
     uncached: int = 0
     released: bool = True
 
@@ -67,46 +93,52 @@ class Ticket:
 @dataclass
 class SLOAdmission:
     slo_ttft_s: float
-    prior_s_per_token: float = PRIOR_SECONDS_PER_TOKEN
-    _s_per_token: dict[str, float] = field(default_factory=dict)
-    _pending: dict[str, int] = field(default_factory=dict)  # address → admitted, no token yet
-
-    def seconds_per_token(self, address: str) -> float:
-        return self._s_per_token.get(address, self.prior_s_per_token)
+    prior_tokens_per_s: float = PRIOR_TOKENS_PER_S
+    _pending: dict[str, list[int]] = field(default_factory=dict)  # address → own entries
 
     def pending_tokens(self, address: str) -> int:
         """Uncached tokens of requests admitted to `address` still without a first token."""
-        return self._pending.get(address, 0)
+        return sum(self._pending.get(address, ()))
 
-    def _queued(self, p: PathQueue) -> PathQueue:
-        return PathQueue(p.address, max(p.waiting_tokens, self.pending_tokens(p.address)))
+    def predict(self, uncached: int, path: PathQueue) -> Prediction:
+        """This request's TTFT on `path` (the module docstring's formula)."""
+        own = self._pending.get(path.address, [])
+        shorter = sum(n for n in own if n <= uncached)
+        longer = max((n for n in own if n > uncached), default=0)
+        ahead = shorter + min(CHUNK_TOKENS, longer) + max(0, path.waiting_tokens - sum(own))
+        rate = path.tokens_per_s if path.tokens_per_s > 0 else self.prior_tokens_per_s
+        return Prediction(path.address, (ahead + uncached) / rate, uncached / rate, ahead,
+                          rate)
 
-    def predict(self, uncached: int, paths: list[PathQueue]) -> tuple[float, float, str]:
-        """(TTFT predicted now, TTFT on idle workers, in seconds, and the address of the
-        path predicted fastest) over the allowed paths; `paths`' queues as given (admit
-        adds this gateway's pending tokens first)."""
-        now, path = min(((p.waiting_tokens + uncached) * self.seconds_per_token(p.address),
-                         p.address) for p in paths)
-        idle = min(uncached * self.seconds_per_token(p.address) for p in paths)
-        return now, idle, path
+    def choose(self, preds: list[Prediction], decode: PathQueue) -> Prediction:
+        """The path the P/D decider takes (module docstring); preds[0] is decode's own."""
+        if len(preds) > 1 and decode.num_running > 0 and \
+                preds[0].idle_seconds > ITL_BUDGET_S:
+            return preds[1]
+        return min(preds, key=lambda p: p.seconds)
 
-    def admit(self, uncached: int, decode: PathQueue, prefill: PathQueue | None,
-              allowed: list[PathQueue]) -> Ticket:
-        """A Ticket (its tokens now pending on the predicted path until `release`), or
+    def admit(self, uncached: int, allowed: list[PathQueue]) -> Ticket:
+        """A Ticket (its tokens now pending on every allowed path until `release`), or
         GatewayError 429 (slo_unattainable, Retry-After) when the queues make the SLO
-        unattainable."""
-        decode = self._queued(decode)
-        prefill = self._queued(prefill) if prefill is not None else None
-        allowed = [self._queued(p) for p in allowed]
-        predicted, idle, path = self.predict(uncached, allowed)
-        if predicted > self.slo_ttft_s and idle <= self.slo_ttft_s:
-            raise GatewayError(
-                429, f"predicted time to first token {predicted * 1e3:.0f} ms exceeds the "
-                f"{self.slo_ttft_s * 1e3:.0f} ms SLO at the current load; retry later",
-                code="slo_unattainable",
-                retry_after=max(1, math.ceil(predicted - self.slo_ttft_s)))
-        self._pending[path] = self.pending_tokens(path) + uncached
-        return Ticket(decode, prefill, predicted, path=path, uncached=uncached,
+        unattainable. `allowed`: the decode worker's path first (when allowed), then the
+        prefill worker's; at least one."""
+        preds = [self.predict(uncached, p) for p in allowed]
+        chosen = self.choose(preds, allowed[0])
+        if chosen.seconds > self.slo_ttft_s:
+            too_long = min(p.idle_seconds for p in preds) > self.slo_ttft_s
+            busy = [p for p in preds if p.ahead > 0]
+            if not too_long or busy:
+                wait = chosen.seconds - self.slo_ttft_s if not too_long else \
+                    max(p.ahead / p.rate for p in busy)
+                raise GatewayError(
+                    429, f"predicted time to first token {chosen.seconds * 1e3:.0f} ms "
+                    f"exceeds the {self.slo_ttft_s * 1e3:.0f} ms SLO at the current load "
+                    f"({chosen.ahead} prompt tokens ahead of this one's {uncached} on "
+                    f"{chosen.address}, {chosen.rate:.0f} tokens/s); retry later",
+                    code="slo_unattainable", retry_after=max(1, math.ceil(wait)))
+        for p in allowed:
+            self._pending.setdefault(p.address, []).append(uncached)
+        return Ticket(chosen.seconds, tuple(p.address for p in allowed), uncached,
                       released=False)
 
     def release(self, ticket: Ticket) -> None:
@@ -115,17 +147,9 @@ class SLOAdmission:
         if ticket.released:
             return
         ticket.released = True
-        left = self.pending_tokens(ticket.path) - ticket.uncached
-        if left > 0:
-            self._pending[ticket.path] = left
-        else:
-            self._pending.pop(ticket.path, None)
-
-    def observe(self, ticket: Ticket, remote_prefill: bool, uncached: int) -> None:
-        """A request ended: learn its prefilling worker's seconds per token."""
-        path = ticket.prefill if remote_prefill and ticket.prefill else ticket.decode
-        work = path.waiting_tokens + uncached
-        if ticket.ttft_s is None or work < MIN_SAMPLE_TOKENS:
-            return
-        old = self.seconds_per_token(path.address)
-        self._s_per_token[path.address] = old + EWMA_ALPHA * (ticket.ttft_s / work - old)
+        for address in ticket.paths:
+            own = self._pending.get(address, [])
+            if ticket.uncached in own:
+                own.remove(ticket.uncached)
+            if not own:
+                self._pending.pop(address, None)

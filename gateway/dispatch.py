@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.admission import PathQueue, SLOAdmission, Ticket
+from gateway.admission import SLOAdmission, Ticket
 from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
@@ -155,14 +155,15 @@ class Dispatcher:
         """SLO-aware early rejection over the paths the request may prefill on."""
         block = self.config.block_size or self.pool.block_size() or 0
         uncached = max(1, len(request.prompt_token_ids) - decision.overlap_blocks * block)
-        decode = PathQueue(decision.decode, self.pool.waiting_tokens(DECODE, decision.decode))
-        prefill = None if decision.prefill is None else \
-            PathQueue(decision.prefill, self.pool.waiting_tokens(PREFILL, decision.prefill))
+        decode = self.pool.path_queue(DECODE, decision.decode)
         mode = self.config.prefill_mode
-        allowed = [decode] if prefill is None or mode is PrefillModeChoice.LOCAL else \
-            [prefill] if mode is PrefillModeChoice.REMOTE else [decode, prefill]
+        if decision.prefill is None or mode is PrefillModeChoice.LOCAL:
+            allowed = [decode]
+        else:
+            prefill = self.pool.path_queue(PREFILL, decision.prefill)
+            allowed = [prefill] if mode is PrefillModeChoice.REMOTE else [decode, prefill]
         try:
-            return self.admission.admit(uncached, decode, prefill, allowed)
+            return self.admission.admit(uncached, allowed)
         except GatewayError:
             self.metrics.slo_rejections.inc()
             raise
@@ -233,7 +234,6 @@ class Dispatcher:
             if not last:
                 self.metrics.ttft.observe(now - request.arrival)
                 if ticket is not None:
-                    ticket.ttft_s = now - request.arrival
                     self.admission.release(ticket)  # prefilled: no longer queued
             elif i in last:
                 self.metrics.itl.observe(now - last[i])
@@ -247,9 +247,6 @@ class Dispatcher:
             self.metrics.cached_tokens.inc(usage.cached_tokens)
             self.metrics.count_cached_by(usage)
             self.metrics.completion_tokens.inc(usage.completion_tokens)
-            if ticket is not None:
-                self.admission.observe(ticket, msg.finished.timings.remote_prefill,
-                                       usage.prompt_tokens - usage.cached_tokens)
 
 
 def _loop_deadline(deadline_monotonic: float) -> float:

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from baton.grpc_options import CHANNEL_OPTIONS as BASE_CHANNEL_OPTIONS, with_options
+from gateway.admission import PathQueue
 from gateway.config import GatewayConfig, split_host_port
 from gateway.router import WorkerView
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -172,12 +173,20 @@ class WorkerPool:
                 return w.stats.kv_layout.block_size
         return None
 
-    def waiting_tokens(self, role: str, address: str) -> int:
-        """Prompt tokens queued on a worker by its fresh stats (0: stale, missing, unknown)."""
+    def path_queue(self, role: str, address: str) -> PathQueue:
+        """A worker's queue for SLO admission (gateway/admission.py): its prompt tokens
+        queued by its fresh stats, less what its measured rate has computed since (0 when
+        stale, missing or unknown), that rate (the last one reported, 0 = none) and its running
+        sequences."""
         w = self.workers[role].get(address)
-        fresh = w is not None and w.stats is not None and \
-            time.monotonic() - w.stats_at <= self.config.router.stale_after_s
-        return w.stats.num_waiting_tokens if fresh else 0
+        if w is None or w.stats is None:
+            return PathQueue(address, 0)
+        rate = w.stats.prefill_tokens_per_s
+        age = time.monotonic() - w.stats_at
+        if age > self.config.router.stale_after_s:
+            return PathQueue(address, 0, rate)
+        return PathQueue(address, max(0, int(w.stats.num_waiting_tokens - rate * age)), rate,
+                         w.stats.num_running)
 
     def mark_failed(self, role: str, address: str, error: str) -> None:
         w = self.workers[role].get(address)

@@ -9,7 +9,8 @@ import grpc
 import httpx
 import pytest
 
-from gateway.admission import PRIOR_SECONDS_PER_TOKEN, PathQueue, SLOAdmission, Ticket
+from gateway.admission import (CHUNK_TOKENS, ITL_BUDGET_S, PRIOR_TOKENS_PER_S, PathQueue,
+                               SLOAdmission)
 from gateway.config import PrefillModeChoice
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
@@ -96,45 +97,76 @@ async def test_an_idle_prefill_worker_is_a_way_out_unless_prefill_is_local(promp
         await prefill.stop(0)
 
 
-def test_learned_rate_from_observed_ttft_tightens_the_prediction():
-    adm = SLOAdmission(slo_ttft_s=0.5)
-    decode = PathQueue("d:1", 0)
-    assert adm.admit(1000, decode, None, [decode]).predicted_s == \
-        pytest.approx(1000 * PRIOR_SECONDS_PER_TOKEN)
-    for _ in range(40):  # the worker really does 1000 tokens/s: TTFT 1 ms per token
-        t = Ticket(decode, None, 0.0, ttft_s=1.0)
-        adm.observe(t, remote_prefill=False, uncached=1000)
-    assert adm.seconds_per_token("d:1") == pytest.approx(1e-3, rel=1e-3)
-    busy = PathQueue("d:1", 600)
+RATE = 350.0  # prompt tokens/s: this CPU's prefill worker on the bursts workload
+
+
+def test_the_workers_measured_rate_sets_the_prediction():
+    adm = SLOAdmission(slo_ttft_s=3.0)
+    unmeasured, measured = PathQueue("d:1", 0), PathQueue("d:2", 0, tokens_per_s=RATE)
+    assert adm.predict(1000, unmeasured).seconds == pytest.approx(1000 / PRIOR_TOKENS_PER_S)
+    assert adm.predict(1000, measured).seconds == pytest.approx(1000 / RATE)
+    # stats' queue (another gateway's work) counts beyond this gateway's own entries
+    assert adm.predict(100, PathQueue("d:2", 700, RATE)).seconds == pytest.approx(800 / RATE)
+
+
+def test_shortest_first_a_short_turn_is_not_behind_queued_long_prompts():
+    """Workers prefill shortest first: two 1,500-token prompts admitted before a 100-token
+    continuation put only one step's chunk ahead of it, and it is admitted; a 1,000-token
+    prompt (2.9 s alone) is behind the chunk and misses the 3 s SLO: refused."""
+    adm = SLOAdmission(slo_ttft_s=3.0)
+    p = PathQueue("p:1", 0, RATE)
+    adm.admit(1500, [p])                       # too long even idle, but the path was idle
+    with pytest.raises(GatewayError):
+        adm.admit(1500, [p])                   # too long even idle and the path is busy
+    assert adm.pending_tokens("p:1") == 1500   # a refusal queues nothing
+    short = adm.admit(100, [p])
+    assert short.predicted_s == pytest.approx((CHUNK_TOKENS + 100) / RATE)
     with pytest.raises(GatewayError) as e:
-        adm.admit(100, busy, None, [busy])  # 0.7 s > 0.5 s; idle 0.1 s fits
+        adm.admit(1000, [p])                   # behind the 100 and the chunk: 3.7 s
     assert (e.value.status, e.value.code, e.value.retry_after) == (429, "slo_unattainable", 1)
-    adm.admit(5000, decode, None, [decode])  # too long even idle: refusing would not help
-    adm.observe(Ticket(decode, None, 0.0, ttft_s=5.0), False, uncached=10)  # too small
-    assert adm.seconds_per_token("d:1") == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_too_long_even_idle_waits_for_the_queue_to_drain():
+    adm = SLOAdmission(slo_ttft_s=1.0)
+    p = PathQueue("p:1", 0, 1000.0)
+    first = adm.admit(700, [p])
+    with pytest.raises(GatewayError) as e:
+        adm.admit(5000, [p])                   # 5 s even idle; 0.7 s of queue ahead
+    assert e.value.retry_after == 1
+    adm.release(first)
+    assert adm.admit(5000, [p]).predicted_s == pytest.approx(5.0)  # idle now: admitted
 
 
 def test_admitted_requests_without_a_first_token_count_as_queued():
-    """A worker's stats leave out what it is prefilling and what arrived since the last
-    poll: the gateway's own admitted-but-not-first-token tokens count as its queue, so a
-    burst is refused once it would queue past the SLO, and releasing a ticket frees it."""
-    adm = SLOAdmission(slo_ttft_s=1.0, prior_s_per_token=1e-3)  # 1000 tokens/s
-    decode = PathQueue("d:1", 0)                                # stats: idle
-    tickets = [adm.admit(400, decode, None, [decode]) for _ in range(2)]
-    assert adm.pending_tokens("d:1") == 800
-    assert tickets[1].decode.waiting_tokens == 400            # the first one counted
+    """A worker's stats are as old as its last poll: the gateway's own admitted-but-not-
+    first-token tokens count as its queue, on every path the request may take, and
+    releasing a ticket frees them (once)."""
+    adm = SLOAdmission(slo_ttft_s=1.0)
+    d, p = PathQueue("d:1", 0, 1000.0), PathQueue("p:1", 0, 1000.0)
+    tickets = [adm.admit(400, [d, p]) for _ in range(2)]
+    assert adm.pending_tokens("d:1") == adm.pending_tokens("p:1") == 800
     with pytest.raises(GatewayError):
-        adm.admit(400, decode, None, [decode])                 # 1.2 s > 1 s: refused
-    assert adm.pending_tokens("d:1") == 800                    # a refusal queues nothing
+        adm.admit(400, [d, p])                 # 1.2 s on either path > 1 s: refused
     adm.release(tickets[0])
-    adm.release(tickets[0])                                    # idempotent
-    assert adm.pending_tokens("d:1") == 400
-    assert adm.admit(400, PathQueue("d:1", 100), None, [PathQueue("d:1", 100)])
-    assert adm.pending_tokens("d:1") == 800                    # max(stats, own), not the sum
-    # the path predicted cheaper gets the tokens: an idle prefill worker beside a busy decode
-    busy, idle = PathQueue("d:1", 0), PathQueue("p:1", 0)
-    t = adm.admit(100, busy, idle, [busy, idle])
-    assert t.path == "p:1" and adm.pending_tokens("p:1") == 100
+    adm.release(tickets[0])                    # idempotent
+    assert adm.pending_tokens("d:1") == adm.pending_tokens("p:1") == 400
+    # stats that already count the request are not added to it: max(stats, own)
+    assert adm.predict(400, PathQueue("d:1", 300, 1000.0)).ahead == 400
+
+
+def test_the_path_is_the_one_the_pd_decider_takes():
+    """A decode worker running sequences sends a prompt whose local prefill would stall
+    them past its ITL budget to the prefill worker, however busy: predicted there."""
+    adm = SLOAdmission(slo_ttft_s=1.0)
+    idle_decode = PathQueue("d:1", 0, 1000.0)
+    busy_prefill = PathQueue("p:1", 2000, 1000.0)
+    assert adm.admit(100, [idle_decode, busy_prefill]).predicted_s == pytest.approx(0.1)
+    running = PathQueue("d:1", 0, 1000.0, num_running=3)
+    with pytest.raises(GatewayError):
+        adm.admit(100, [running, busy_prefill])  # 0.1 s locally > the budget: remote, 2.2 s
+    short = int(1000.0 * ITL_BUDGET_S / 2)     # fits the budget: the faster path
+    assert SLOAdmission(slo_ttft_s=1.0).admit(short, [running, busy_prefill]).predicted_s \
+        == pytest.approx(short / 1000.0)
 
 
 @pytest.mark.parametrize("behavior", [Behavior(), Behavior(reject=grpc.StatusCode.INTERNAL),
