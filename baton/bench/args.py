@@ -65,6 +65,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=float, default=10.0, help="seconds excluded at the start")
     g.add_argument("--grace", type=float, default=10.0, help="seconds to drain at the end")
     g.add_argument("--session-rate", type=float, default=0.5, help="open loop, sessions/s")
+    g.add_argument("--max-retries", type=int, default=2,
+                   help="send a 429 again after its Retry-After this many times (as the "
+                        "OpenAI client does)")
     g.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
     g.add_argument("--slo-itl", type=float, default=0.2, help="seconds (per-request mean ITL)")
     g.add_argument("--output", type=Path, help="default: bench-results/<timestamp>/")

@@ -82,7 +82,7 @@ def run_levels(url: str, args, sessions: list[Session], counter: TokenCounter,
         cfg = RunConfig(url=url, model=args.model, mode=args.mode, concurrency=c,
                         duration_s=args.duration, warmup_s=args.warmup, grace_s=args.grace,
                         session_rate=args.session_rate, progress=not args.no_progress,
-                        seed=args.seed)
+                        seed=args.seed, max_retries=args.max_retries)
         preparer = Preparer(counter, f"{salt}-c{c}", args.prompt_format, args.max_context_tokens)
         result, workers = asyncio.run(measure(cfg, sessions, preparer))
         out.append(Level(c, result, summarize(result.records, result.warmup_s, result.end_s,

@@ -45,6 +45,7 @@ class RequestRecord:
     recomputed_held_tokens: int | None = None  # Baton's baton_recomputed_held_tokens
     error: str | None = None
     cancelled: bool = False
+    retry_after: float | None = None    # seconds, from a 429's Retry-After header
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,15 @@ async def _consume(resp: httpx.Response, rec: RequestRecord, clock: Callable[[],
         rec.error = "no tokens streamed"
 
 
+def _seconds(value: str | None) -> float:
+    """A Retry-After header's delay in seconds (the delay-seconds form; an absent or
+    HTTP-date value reads as 1 s, the OpenAI client's shortest backoff)."""
+    try:
+        return max(0.0, float(value)) if value is not None else 1.0
+    except ValueError:
+        return 1.0
+
+
 async def send(client: httpx.AsyncClient, model: str, pt: PreparedTurn, session_id: str,
                turn_index: int, clock: Callable[[], float], records: list[RequestRecord],
                global_hit: int = 0) -> RequestRecord:
@@ -140,6 +150,8 @@ async def send(client: httpx.AsyncClient, model: str, pt: PreparedTurn, session_
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 rec.error = f"HTTP {resp.status_code}: {text[:200]}"
+                if resp.status_code == 429:
+                    rec.retry_after = _seconds(resp.headers.get("retry-after"))
             else:
                 await _consume(resp, rec, clock)
     except asyncio.CancelledError:

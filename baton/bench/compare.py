@@ -105,7 +105,7 @@ def _run(url: str, args, sessions: list[Session], counter, salt: str, duration: 
                     concurrency=int(str(args.concurrency).split(",")[0]), duration_s=duration,
                     warmup_s=min(warmup, duration / 2), grace_s=args.grace,
                     session_rate=args.session_rate, progress=not args.no_progress,
-                    seed=args.seed)
+                    seed=args.seed, max_retries=args.max_retries)
     preparer = Preparer(counter, salt, args.prompt_format, args.max_context_tokens)
     result = asyncio.run(run_workload(cfg, sessions, preparer))
     return result.records, summarize(result.records, cfg.warmup_s, result.end_s,

@@ -9,7 +9,10 @@ Both are bounded: at `duration_s` no new request starts; requests still in fligh
 `grace_s` to finish and are then cancelled (recorded as cancelled, excluded from metrics).
 Requests that start before `warmup_s` are sent but excluded from the measured window.
 A request refused for context length ends its session (its later turns are longer still);
-any other error is recorded and the session goes on, as in AgentX.
+any other error is recorded and the session goes on, as in AgentX. A 429 is sent again after
+its Retry-After (at most MAX_BACKOFF_S), up to `max_retries` times, as the OpenAI client
+does (its default is 2 retries, honouring Retry-After); each attempt is its own record, so a
+refusal counts as an error and the attempt that is served is measured from its own start.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ from baton.bench.prepare import KEY_TOKENS, PreparedSession, PreparedTurn, Prepa
 from baton.bench.workload import Session
 
 
+MAX_BACKOFF_S = 30.0  # the longest Retry-After a lane waits before sending again
+
+
 @dataclass(frozen=True)
 class RunConfig:
     url: str
@@ -39,6 +45,7 @@ class RunConfig:
     request_timeout_s: float = 600.0
     progress: bool = True
     seed: int = 0
+    max_retries: int = 2             # a 429 is retried after its Retry-After this many times
 
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
@@ -47,6 +54,8 @@ class RunConfig:
             raise ValueError("need concurrency ≥ 1, duration > 0, warmup ≥ 0")
         if self.warmup_s >= self.duration_s:
             raise ValueError("warmup must be shorter than the duration")
+        if self.max_retries < 0:
+            raise ValueError("max_retries must be ≥ 0")
 
 
 @dataclass
@@ -92,9 +101,19 @@ class _Run:
         return min(n * KEY_TOKENS, max(pt.prompt_tokens - 1, 0))
 
     async def send(self, ps: PreparedSession, i: int) -> RequestRecord:
+        """Send turn i; a 429 again after its Retry-After, up to max_retries times, while
+        the run is open (the module docstring)."""
         pt = ps.turns[i]
-        return await send(self.client, self.cfg.model, pt, ps.session_id, i, self.clock,
-                          self.records, self._global_hit(pt))
+        hit = self._global_hit(pt)
+        for attempt in range(self.cfg.max_retries + 1):
+            rec = await send(self.client, self.cfg.model, pt, ps.session_id, i, self.clock,
+                             self.records, hit)
+            if rec.retry_after is None or attempt == self.cfg.max_retries:
+                return rec
+            await self.sleep(min(rec.retry_after, MAX_BACKOFF_S))
+            if self.closed.is_set():
+                return rec
+        return rec
 
     async def run_tree(self, ps: PreparedSession) -> None:
         """Replay one session tree (turns in order, subagents as concurrent tasks)."""

@@ -42,6 +42,7 @@ class FakeServer:
     ttft_s: float = 0.01
     token_s: float = 0.002
     fail_every: int = 0                  # every Nth request answers HTTP 500
+    reject_429: int = 0                  # the first N requests answer 429, Retry-After 0.2
     max_len: int = 0                     # longer prompts get a context-length 400
     baton: bool = True                   # False: /version, /metrics/workers answer 404
     log: list[Logged] = field(default_factory=list)
@@ -103,6 +104,9 @@ class FakeServer:
             self.log.append(entry)
             if self.fail_every and len(self.log) % self.fail_every == 0:
                 return JSONResponse({"error": {"message": "injected failure"}}, 500)
+            if len(self.log) <= self.reject_429:
+                return JSONResponse({"error": {"message": "slo", "code": "slo_unattainable"}},
+                                    429, headers={"Retry-After": "0.2"})
             if self.max_len and len(prompt) > self.max_len:
                 msg = f"This model's maximum context length is {self.max_len} tokens"
                 return JSONResponse({"error": {"message": msg}}, 400)

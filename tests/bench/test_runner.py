@@ -120,6 +120,23 @@ def test_errors_are_recorded_and_sessions_continue(fake):
     assert s.error_kinds == {"HTTP 500": 2}
 
 
+def test_a_429_is_sent_again_after_its_retry_after(fake):
+    """As the OpenAI client: the same turn again after Retry-After, at most max_retries
+    times; each attempt is a record (refusals are errors), the session goes on."""
+    server, url = fake
+    server.reject_429 = 4
+    result = run(url, [block_session("s", turns=2, delay=0.0)], concurrency=1, duration_s=5.0)
+    s = summarize(result.records, 0.0, result.end_s)
+    # turn 0: 429, 429, 429 (max_retries = 2: given up); turn 1: 429, then served
+    assert [len(e.prompt) // B for e in server.log] == [2, 2, 2, 3, 3]
+    assert s.error_kinds == {"HTTP 429": 4} and s.measured == 1
+    gaps = [b.arrived - a.arrived for a, b in zip(server.log, server.log[1:])]
+    assert all(g >= 0.19 for i, g in enumerate(gaps) if i != 2)  # waited; turn 1 at once
+    none = run(url, [block_session("t", turns=1)], concurrency=1, duration_s=5.0,
+               max_retries=0)
+    assert len(none.records) == 1 and none.records[0].ok
+
+
 def test_context_overflow_ends_the_session(fake):
     server, url = fake
     server.max_len = 3 * B  # turns of 2, 3, 4, 5 blocks: the third overflows
