@@ -115,6 +115,9 @@ class SchedulerConfig:
     one after the other (in policy order) they come at T, 2T, 3T instead of 3T, 3T, 3T. Under
     shortest_first a running partial prefill also yields the step to a waiting request with
     fewer uncached tokens (it keeps its blocks): shortest remaining first (scheduler.py).
+    time_slice_s: with a KV tier, a request that has waited this long for pool space may
+    preempt running decodes admitted at least this long ago (their KV goes to the tier and
+    is loaded back, not recomputed: time_slice.py); 0 = never. No effect without a tier.
     """
 
     max_num_batched_tokens: int = 2048
@@ -124,6 +127,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     max_prefill_wait_s: float = 10.0
     prefill_target_tokens: int = 0
+    time_slice_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -134,8 +138,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be ≥ 0")
         if self.prefill_target_tokens < 0:
             raise ValueError("prefill_target_tokens must be ≥ 0")
-        if self.max_bypass_s < 0 or self.max_prefill_wait_s < 0:
-            raise ValueError("max_bypass_s and max_prefill_wait_s must be ≥ 0")
+        if self.max_bypass_s < 0 or self.max_prefill_wait_s < 0 or self.time_slice_s < 0:
+            raise ValueError("max_bypass_s, max_prefill_wait_s and time_slice_s must be ≥ 0")
         if self.policy not in SCHEDULE_POLICIES:
             raise ValueError(f"policy must be one of {SCHEDULE_POLICIES}, got {self.policy!r}")
 

@@ -74,6 +74,7 @@ class Request:
     num_preemptions: int = 0
     scheduled_time: float | None = None  # time.monotonic() when it first joined the batch
     blocked_since: float | None = None  # time.monotonic() when admission first found no blocks
+    admitted_time: float | None = None  # time.monotonic() when it last joined the batch
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     grammar: GrammarMatcher | None = None  # a structured output's matcher, advanced per token

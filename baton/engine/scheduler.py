@@ -33,6 +33,7 @@ from baton.engine.request import Request, RequestStatus
 from baton.engine.prefill_target import StepPrefill
 from baton.engine.schedule_policy import WaitingOrder
 from baton.engine.stats import Totals
+from baton.engine.time_slice import slice_victims
 
 
 class AdmissionError(Exception):
@@ -80,6 +81,7 @@ class Scheduler:
         request.num_computed_tokens = num_computed_tokens
         request.status = RequestStatus.RUNNING
         request.scheduled_time = request.scheduled_time or time.monotonic()
+        request.admitted_time = time.monotonic()
         self.running.append(request)
 
     def has_unfinished(self) -> bool:
@@ -180,6 +182,7 @@ class Scheduler:
         if not self.waiting:
             return budget  # the usual decode step: nothing to admit, no reserve to sum
         skipped: list[Request] = []
+        sliced: list[Request] = []  # preempted for a waiting request (time_slice.py)
         now = step.now
         reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
@@ -206,6 +209,11 @@ class Scheduler:
                             self._completed_hashes(req, num_computed, n))
                 except Exception as e:  # noqa: BLE001 - the engine ends this request alone
                     raise AdmissionError(req, e) from e
+                if blocks is None and self._slice(req, now, scheduled, reserved, sliced):
+                    budget = self.config.max_num_batched_tokens - sum(
+                        s.num_new_tokens for s in scheduled)
+                    self.waiting.appendleft(req)  # looked up again, with the room made
+                    continue
                 if blocks is None:
                     skipped.append(req)
                     if req.blocked_since is None:
@@ -220,7 +228,25 @@ class Scheduler:
                 reserved += self._blocks_to_finish(req)
         finally:
             self.waiting.extendleft(reversed(skipped))
+            self.waiting.extendleft(reversed(sliced))
         return budget
+
+    def _slice(self, req: Request, now: float, scheduled: list[ScheduledRequest],
+               reserved: int, sliced: list[Request]) -> bool:
+        """With a KV tier, preempt running decodes for `req`, which found no blocks; their
+        rows leave this step, they rejoin the queue after it (time_slice.py). True when any
+        was preempted; at most one slice a step."""
+        if self.kv.tier is None or sliced:
+            return False
+        for v in slice_victims(req, self.running, now, self.config.time_slice_s, self.kv,
+                               reserved):
+            self.running.remove(v)
+            scheduled[:] = [row for row in scheduled if row.request is not v]
+            self._preempt(v)
+            self.waiting.remove(v)
+            sliced.append(v)
+            self.totals.num_time_slices += 1
+        return bool(sliced)
 
     def _start_running(self, req: Request, num_computed: int, n: int,
                        scheduled: list[ScheduledRequest]) -> None:
@@ -235,6 +261,7 @@ class Scheduler:
             req.cached_spans = take(req.cached_spans, num_computed)
         if req.scheduled_time is None:
             req.scheduled_time = time.monotonic()
+        req.admitted_time = time.monotonic()
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         scheduled.append(self._scheduled(req, n))

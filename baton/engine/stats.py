@@ -23,6 +23,7 @@ class Totals:
     """Cumulative counts since the engine started; only the engine thread adds to them.
 
     num_preemptions: requests preempted (blocks freed, to be recomputed).
+    num_time_slices: of those, preempted for a waiting request (time_slice.py).
     prefix_cache_queries / prefix_cache_hits: prompt tokens looked up in the prefix cache
     and, of those, tokens found, once per request at its first admission or remote-KV wait
     (as vLLM counts them, in tokens).
@@ -33,6 +34,7 @@ class Totals:
     """
 
     num_preemptions: int = 0
+    num_time_slices: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0

@@ -103,6 +103,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "tokens (prefill is compute-bound past it: one request after the "
                         "other gives earlier first tokens than batching them; 0 = fill "
                         "--max-num-batched-tokens)")
+    g.add_argument("--time-slice-s", type=float, default=2.0,
+                   help="with a KV tier: a request waiting this long for pool space may "
+                        "preempt decodes running at least this long (their KV goes to the "
+                        "tier and is loaded back, not recomputed; 0 = never)")
     g.add_argument("--seed", type=int, default=0,
                    help="the default RNG's seed (requests without their own seed)")
 
@@ -148,7 +152,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                                   long_prefill_token_threshold=a.long_prefill_token_threshold,
                                   max_bypass_s=a.max_bypass_s, policy=a.schedule_policy,
                                   max_prefill_wait_s=a.max_prefill_wait_s,
-                                  prefill_target_tokens=a.prefill_target_tokens))
+                                  prefill_target_tokens=a.prefill_target_tokens,
+                                  time_slice_s=a.time_slice_s))
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
