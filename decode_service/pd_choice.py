@@ -12,11 +12,7 @@
 The prefill worker's queue is its last GetStats answer (PrefillPeers caches it: remote
 prefills poll it for progress anyway), drained by the learned remote rate for its age; an
 answer older than STATS_MAX_AGE_S asks for a fresh one in the background (no decision waits
-on a call), and no answer yet reads as an empty queue (unknown is not saturated). What the
-decider sees is the part of it this request waits behind, with this worker's own remote
-prefills still in flight counted (`sent` / `returned`), shortest first as the prefill
-worker schedules (baton/prefill_queue.py): an answer polled before a cold prompt went
-remote does not hold it, and a short continuation waits behind one chunk of it, not all.
+on a call), and no answer yet reads as an empty queue (unknown is not saturated).
 """
 from __future__ import annotations
 
@@ -25,7 +21,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from baton.prefill_queue import tokens_ahead
 from baton.transfer import block_bytes
 from decode_service.pd_decider import PDDecision, PDEstimator, PDPolicy, PDRates, PDState, decide
 from decode_service.peers import PrefillPeer, PrefillPeers
@@ -44,21 +39,17 @@ class PDChoice:
     """One request's decision; its engine-thread half fills `decision`."""
 
     def __init__(self, queue_tokens: int, rates: PDRates, policy: PDPolicy,
-                 block_size: int, block_bytes_: int, outstanding: tuple[int, ...] = ()) -> None:
+                 block_size: int, block_bytes_: int) -> None:
         self.queue_tokens, self.rates, self.policy = queue_tokens, rates, policy
         self.block_size, self.block_bytes = block_size, block_bytes_
-        self.outstanding = outstanding  # uncached tokens of this worker's remote prefills
         self.decision: PDDecision | None = None
-        self.uncached = 0
 
     def go_remote(self, engine: LLMEngine):
         """RemoteKV.add's `go_remote` callback (engine thread)."""
         def choose(num_prompt_tokens: int, num_cached_tokens: int) -> bool:
             stats = engine.stats()
-            self.uncached = max(0, num_prompt_tokens - num_cached_tokens)
-            ahead = tokens_ahead(self.uncached, self.outstanding, self.queue_tokens)
             state = PDState(num_prompt_tokens, num_cached_tokens, stats.counts.num_running,
-                            stats.num_waiting_tokens, ahead, self.block_size,
+                            stats.num_waiting_tokens, self.queue_tokens, self.block_size,
                             self.block_bytes)
             self.decision = decide(state, self.rates, self.policy)
             return self.decision.remote
@@ -76,27 +67,13 @@ class PDChooser:
         self.block_size = peers.layout.block_size
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()
-        self._outstanding: dict[str, list[int]] = {}  # peer → its remote prefills' tokens
 
     def choice(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDChoice:
         """min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
         policy = self.policy if min_remote_tokens is None else \
             dataclasses.replace(self.policy, min_remote_tokens=min_remote_tokens)
         return PDChoice(self.prefill_queue(peer), self.estimator.rates(), policy,
-                        self.block_size, self.block_bytes,
-                        tuple(self._outstanding.get(peer.address, ())))
-
-    def sent(self, address: str, tokens: int) -> None:
-        """A remote prefill of `tokens` uncached tokens went to `address` (event loop)."""
-        self._outstanding.setdefault(address, []).append(tokens)
-
-    def returned(self, address: str, tokens: int) -> None:
-        """That remote prefill ended, however (event loop; once per `sent`)."""
-        own = self._outstanding.get(address, [])
-        if tokens in own:
-            own.remove(tokens)
-        if not own:
-            self._outstanding.pop(address, None)
+                        self.block_size, self.block_bytes)
 
     def prefill_queue(self, peer: PrefillPeer) -> int:
         """The peer's num_waiting_tokens now: its last answer, less what it computed since."""

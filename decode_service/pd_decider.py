@@ -18,11 +18,7 @@
                                    → the old fixed threshold                   "threshold"
       nothing uncached             → local                                     "cached"
       stall ≤ ITL budget           → the faster of local / remote      "faster_local|remote"
-      stall > budget, decode busy  → local for a continuation (decode holds a prefix of it)
-                                     when going remote costs it more extra wait than the
-                                     local prefill stalls all running sequences together
-                                     (remote − local > stall × running)  "continuation_local"
-                                     else remote                               "itl_budget"
+      stall > budget, decode busy  → remote                                    "itl_budget"
       stall > budget, decode idle  → local when going remote costs this request more extra
                                      wait than the local prefill would block the engine
                                      (remote − local > stall: the prefill worker is
@@ -33,11 +29,7 @@ How the first turn of a session and its continuations part ways: the gateway kee
 on one decode worker, whose prefix cache then holds the whole previous turn, so a
 continuation's `uncached` is only the new suffix (a tool result, a user message): its stall
 fits the ITL budget and it goes local — no transfer, and no wait behind the prefill worker's
-queue of long prompts. On a slow device (a CPU core computes 60–90 new tokens in 150–250 ms,
-past the 50 ms budget) a continuation still goes local when the prefill worker's queue would
-delay it by more than its stall costs the running batch ("continuation_local"; on the AgentX
-trace, turns of 63–90 new tokens that went remote behind a cold prompt had TTFTs of
-1.2–2.1 s, where the median turn's is ~0.2 s). A first turn (or a session that moved) is cold: its stall exceeds the
+queue of long prompts. A first turn (or a session that moved) is cold: its stall exceeds the
 budget and it goes remote, which also leaves the prompt in the prefill worker's prefix cache
 for the session's next long turn. Idle decode + idle prefill still sends a long cold prompt
 remote: the decode worker stays free for the sequences that arrive meanwhile.
@@ -123,8 +115,6 @@ def decide(s: PDState, r: PDRates, p: PDPolicy) -> PDDecision:
     if stall <= p.itl_budget_s:
         return out(remote < local, "faster_remote" if remote < local else "faster_local")
     if s.decode_running > 0:
-        if s.num_cached_tokens > 0 and remote - local > stall * s.decode_running:
-            return out(False, "continuation_local")
         return out(True, "itl_budget")
     if remote - local > stall:
         return out(False, "prefill_saturated")

@@ -94,7 +94,6 @@ class DecodeSequence:
         self.aborted, self.engine, self.remote_kv, self.ctx = aborted, engine, remote_kv, ctx
         self.state = SeqState.NEW
         self.settled = asyncio.Event()
-        self._remote_tokens = 0  # uncached tokens sent to the prefill worker (P/D queue)
         self.q: asyncio.Queue[StepOutput] | None = None
         self.engine_request: Request | None = None  # the engine's, for timings (read only)
         self.remote: RemoteResult | None = None
@@ -155,7 +154,6 @@ class DecodeSequence:
             lambda e: rkv.add(rid, prompt, params, go_remote=choice.go_remote(e),
                               session=self.session))
         self.ctx.pd.record(choice, plan is not None, rid)
-        self._remote_tokens = choice.uncached
         return plan
 
     def end_unadmitted(self, reason: str, error: str | None) -> None:
@@ -170,7 +168,6 @@ class DecodeSequence:
     async def _remote_phase(self, peer: PrefillPeer, plan: RemotePrefillPlan) -> None:
         ctx = self.ctx
         ctx.metrics.remote_inflight.inc()
-        ctx.pd.sent(peer.address, self._remote_tokens)  # the next decisions see it queued
         try:
             result = await RemotePrefill(ctx.config, ctx.receiver, ctx.peers, peer, plan,
                                          self.prompt, sampling_params_to_proto(self.params),
@@ -181,7 +178,6 @@ class DecodeSequence:
                                   deadline=time.monotonic() + ctx.config.prefill_max_seconds)
         finally:
             ctx.metrics.remote_inflight.dec()
-            ctx.pd.returned(peer.address, self._remote_tokens)
         self.remote = result
         if result.response is not None and \
                 result.response.status == prefill_pb2.PREFILL_STATUS_OK:

@@ -10,17 +10,17 @@ join, instead of being prefilled (using prefill and transfer capacity) and then 
       u        = prompt tokens − blocks the chosen decode worker is thought to hold
       own      = uncached tokens of the requests this gateway admitted to that worker that
                  have no first token yet (one entry each)
-      ahead    = tokens_ahead(u, own, the worker's num_waiting_tokens, aged)
-                 (baton/prefill_queue.py: own entries ≤ u, as workers prefill shortest
-                 first, one step's chunk of a longer one, and others' work beyond own)
+      ahead    = Σ own entries ≤ u                 workers run prefill shortest first
+                 + min(CHUNK_TOKENS, largest own entry > u)   a longer prompt's chunk may be
+                                                              in the step in flight
+                 + max(0, worker's num_waiting_tokens, aged − Σ own)   others' work
       rate     = the worker's prefill_tokens_per_s (WorkerStats: measured per step on the
                  worker, prefill_rate.py), PRIOR_TOKENS_PER_S until it has one
       TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
     TTFT = the path the decode worker's P/D decider (decode_service/pd_decider.py) takes:
-      when decode is running sequences and a local prefill of u would stall them past
-      ITL_BUDGET_S (its default --local-prefill-itl-budget-ms), the prefill worker, unless
-      the request continues a prefix decode holds and remote − local > stall × running;
-      else the faster path.
+      the prefill worker when decode is running sequences and a local prefill of u would
+      stall them past ITL_BUDGET_S (its default --local-prefill-itl-budget-ms), else the
+      faster path.
       TTFT ≤ SLO                                   → admit
       TTFT > SLO, idle ≤ SLO (the queue is why)    → 429 slo_unattainable,
                                                      Retry-After = TTFT − SLO
@@ -48,10 +48,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from baton.prefill_queue import tokens_ahead
 from gateway.errors import GatewayError
 
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
+CHUNK_TOKENS = 256           # workers' default --prefill-target-tokens: one step's prefill
 ITL_BUDGET_S = 0.05          # decode workers' default --local-prefill-itl-budget-ms
 
 
@@ -102,32 +102,28 @@ class SLOAdmission:
 
     def predict(self, uncached: int, path: PathQueue) -> Prediction:
         """This request's TTFT on `path` (the module docstring's formula)."""
-        ahead = tokens_ahead(uncached, self._pending.get(path.address, ()), path.waiting_tokens)
+        own = self._pending.get(path.address, [])
+        shorter = sum(n for n in own if n <= uncached)
+        longer = max((n for n in own if n > uncached), default=0)
+        ahead = shorter + min(CHUNK_TOKENS, longer) + max(0, path.waiting_tokens - sum(own))
         rate = path.tokens_per_s if path.tokens_per_s > 0 else self.prior_tokens_per_s
         return Prediction(path.address, (ahead + uncached) / rate, uncached / rate, ahead,
                           rate)
 
-    def choose(self, preds: list[Prediction], decode: PathQueue,
-               continuation: bool) -> Prediction:
+    def choose(self, preds: list[Prediction], decode: PathQueue) -> Prediction:
         """The path the P/D decider takes (module docstring); preds[0] is decode's own."""
         if len(preds) > 1 and decode.num_running > 0 and \
                 preds[0].idle_seconds > ITL_BUDGET_S:
-            local, remote = preds
-            if continuation and remote.seconds - local.seconds > \
-                    local.idle_seconds * decode.num_running:
-                return local
-            return remote
+            return preds[1]
         return min(preds, key=lambda p: p.seconds)
 
-    def admit(self, uncached: int, allowed: list[PathQueue],
-              continuation: bool = False) -> Ticket:
+    def admit(self, uncached: int, allowed: list[PathQueue]) -> Ticket:
         """A Ticket (its tokens now pending on every allowed path until `release`), or
         GatewayError 429 (slo_unattainable, Retry-After) when the queues make the SLO
         unattainable. `allowed`: the decode worker's path first (when allowed), then the
-        prefill worker's; at least one. continuation: the decode worker is thought to hold
-        a prefix of the prompt."""
+        prefill worker's; at least one."""
         preds = [self.predict(uncached, p) for p in allowed]
-        chosen = self.choose(preds, allowed[0], continuation)
+        chosen = self.choose(preds, allowed[0])
         if chosen.seconds > self.slo_ttft_s:
             too_long = min(p.idle_seconds for p in preds) > self.slo_ttft_s
             busy = [p for p in preds if p.ahead > 0]

@@ -163,7 +163,7 @@ class Dispatcher:
             prefill = self.pool.path_queue(PREFILL, decision.prefill)
             allowed = [prefill] if mode is PrefillModeChoice.REMOTE else [decode, prefill]
         try:
-            return self.admission.admit(uncached, allowed, decision.overlap_blocks > 0)
+            return self.admission.admit(uncached, allowed)
         except GatewayError:
             self.metrics.slo_rejections.inc()
             raise

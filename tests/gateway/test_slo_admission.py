@@ -9,8 +9,8 @@ import grpc
 import httpx
 import pytest
 
-from baton.prefill_queue import CHUNK_TOKENS
-from gateway.admission import ITL_BUDGET_S, PRIOR_TOKENS_PER_S, PathQueue, SLOAdmission
+from gateway.admission import (CHUNK_TOKENS, ITL_BUDGET_S, PRIOR_TOKENS_PER_S, PathQueue,
+                               SLOAdmission)
 from gateway.config import PrefillModeChoice
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
@@ -155,9 +155,8 @@ def test_admitted_requests_without_a_first_token_count_as_queued():
 
 
 def test_the_path_is_the_one_the_pd_decider_takes():
-    """A decode worker running sequences sends a cold prompt whose local prefill would
-    stall them past its ITL budget to the prefill worker, however busy: predicted there;
-    a continuation stays local when the remote wait costs it more than it stalls them."""
+    """A decode worker running sequences sends a prompt whose local prefill would stall
+    them past its ITL budget to the prefill worker, however busy: predicted there."""
     adm = SLOAdmission(slo_ttft_s=1.0)
     idle_decode = PathQueue("d:1", 0, 1000.0)
     busy_prefill = PathQueue("p:1", 2000, 1000.0)
@@ -165,10 +164,6 @@ def test_the_path_is_the_one_the_pd_decider_takes():
     running = PathQueue("d:1", 0, 1000.0, num_running=3)
     with pytest.raises(GatewayError):
         adm.admit(100, [running, busy_prefill])  # 0.1 s locally > the budget: remote, 2.2 s
-    # a continuation goes local when remote's extra wait (2 s) > its stall (0.1 s) × 3
-    assert SLOAdmission(slo_ttft_s=1.0).admit(100, [running, busy_prefill],
-                                              continuation=True).predicted_s == \
-        pytest.approx(0.1)
     short = int(1000.0 * ITL_BUDGET_S / 2)     # fits the budget: the faster path
     assert SLOAdmission(slo_ttft_s=1.0).admit(short, [running, busy_prefill]).predicted_s \
         == pytest.approx(short / 1000.0)

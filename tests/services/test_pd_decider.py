@@ -49,21 +49,6 @@ def test_itl_budget_exceeded_while_decode_busy_goes_remote_even_if_slower():
     assert d.remote_s > d.local_s
 
 
-def test_a_continuation_past_the_budget_goes_local_when_remote_waits_longer():
-    """Decode holds the session's prefix: 300 new tokens stall 2 running sequences 0.15 s
-    each; remote, behind 4,000 queued tokens, waits 2 s more: local. With the prefill
-    worker idle remote costs no extra wait: remote. A cold prompt never takes this rule."""
-    d = decide(state(2348, cached=2048, running=2, prefill_queue=4000), RATES, POLICY)
-    assert (d.path, d.reason) == ("local", "continuation_local")
-    assert d.remote_s - d.local_s > d.stall_s * 2
-    idle = decide(state(2348, cached=2048, running=2), RATES, POLICY)
-    assert (idle.path, idle.reason) == ("remote", "itl_budget")
-    many = decide(state(2348, cached=2048, running=64, prefill_queue=4000), RATES, POLICY)
-    assert (many.path, many.reason) == ("remote", "itl_budget")  # stalls 64: too dear
-    cold = decide(state(300, running=2, prefill_queue=4000), RATES, POLICY)
-    assert (cold.path, cold.reason) == ("remote", "itl_budget")
-
-
 def test_short_prompt_behind_a_long_local_queue_goes_remote():
     d = decide(state(64, decode_queue=10_000), RATES, POLICY)
     assert (d.path, d.reason) == ("remote", "faster_remote")
@@ -108,28 +93,3 @@ def test_flags_default_to_the_decider_and_keep_the_threshold():
     assert parse_args([]).local_prefill_itl_budget_ms == 50.0
     cfg = parse_args(["--min-remote-tokens", "64", "--local-prefill-itl-budget-ms", "20"])
     assert (cfg.min_remote_tokens, cfg.local_prefill_itl_budget_ms) == (64, 20.0)
-
-
-def test_own_remote_prefills_in_flight_count_as_the_prefill_queue_shortest_first():
-    """The prefill worker's polled queue (0 here) does not yet hold the 900-token prompt this
-    worker just sent; counted as outstanding, an 80-token continuation sees one 256-token
-    chunk of it ahead (it goes first, shortest first) and goes local; unseen, it would go
-    remote behind it."""
-    from types import SimpleNamespace
-
-    from decode_service.pd_choice import PDChoice
-
-    slow = PDRates(local_tokens_per_s=400.0, remote_tokens_per_s=400.0,
-                   transfer_bytes_per_s=1e9)
-    engine = SimpleNamespace(stats=lambda: SimpleNamespace(
-        counts=SimpleNamespace(num_running=2), num_waiting_tokens=0))
-
-    def choose(outstanding):
-        c = PDChoice(0, slow, POLICY, 16, BLOCK_BYTES, outstanding)
-        remote = c.go_remote(engine)(700, 620)
-        return remote, c
-    remote, seen = choose((900,))
-    assert not remote and seen.decision.reason == "continuation_local" and seen.uncached == 80
-    assert seen.decision.remote_s > (256 + 80) / 400
-    remote, unseen = choose(())
-    assert remote and unseen.decision.reason == "itl_budget"
