@@ -124,7 +124,7 @@ async def _consume(resp: httpx.Response, rec: RequestRecord, clock: Callable[[],
 
 def _seconds(value: str | None) -> float:
     """A Retry-After header's delay in seconds (the delay-seconds form; an absent or
-    HTTP-date value reads as 1 s, the OpenAI client's shortest backoff)."""
+    HTTP-date value reads as 1 s, the gateway's shortest Retry-After)."""
     try:
         return max(0.0, float(value)) if value is not None else 1.0
     except ValueError:
