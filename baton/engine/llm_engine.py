@@ -232,8 +232,8 @@ class LLMEngine:
         prompt_tokens = 0
         for s in scheduled:
             req = s.request
-            prompt_tokens += max(0, min(s.num_new_tokens,
-                                        req.num_prompt_tokens - req.num_computed_tokens))
+            if req.num_tokens - req.num_computed_tokens > 1:  # a prefill row (a preempted
+                prompt_tokens += s.num_new_tokens             # one's recompute included)
             req.num_computed_tokens += s.num_new_tokens
             self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
         outputs = self._process_samples(rows, sampled) if sampled is not None else []

@@ -4,10 +4,11 @@
     PrefillRate.tokens_per_s                median of the last WINDOW steps' tokens/seconds
                                             (0.0 until measured)
 
-A step's prompt tokens are the prefill rows' new tokens; its seconds are the whole step
-(schedule, forward, sampling), decode rows included, so the rate is what a queued prompt
-sees: the worker drains `tokens` of prefill in about `tokens / tokens_per_s` seconds while it
-keeps decoding beside. The median of a short window follows the rate as context lengths, the
+A step's prompt tokens are the prefill rows' new tokens (rows with more than one token left,
+as prefill_target.py counts them, so a preempted request's recompute counts); its seconds
+are the whole step (schedule, forward, sampling), decode rows included, so the rate is what
+a queued prompt sees: the worker drains `tokens` of prefill in about
+`tokens / tokens_per_s` seconds while it keeps decoding beside. The median of a short window follows the rate as context lengths, the
 batch and the threads (cpu_share.py) change, and one odd step does not move it. (A first
 version, a ratio of two EWMAs seeded by the first step, read ~60 tokens/s at the start of a
 bursts run on a prefill worker that does ~350, and the gateway refused every request for
