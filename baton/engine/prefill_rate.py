@@ -7,12 +7,12 @@
 A step's prompt tokens are the prefill rows' new tokens (rows with more than one token left,
 as prefill_target.py counts them, so a preempted request's recompute counts); its seconds
 are the whole step (schedule, forward, sampling), decode rows included, so the rate is what
-a queued prompt sees: the worker drains `tokens` of prefill in about
-`tokens / tokens_per_s` seconds while it keeps decoding beside. The median of a short window follows the rate as context lengths, the
-batch and the threads (cpu_share.py) change, and one odd step does not move it. (A first
-version, a ratio of two EWMAs seeded by the first step, read ~60 tokens/s at the start of a
-bursts run on a prefill worker that does ~350, and the gateway refused every request for
-seconds; which step did it was not isolated.)
+a queued prompt sees: the worker drains `tokens` of prefill in about `tokens / tokens_per_s`
+seconds while it keeps decoding beside. The median of a short window follows the rate as
+context lengths, the batch and the threads (cpu_share.py) change, and one odd step does not
+move it. (A first version, a ratio of two EWMAs seeded by the first step, read ~60 tokens/s
+at the start of a bursts run on a prefill worker that does ~350, and the gateway refused
+every request for seconds; which step did it was not isolated.)
 
 Readers outside the worker (the gateway's SLO admission) get it in WorkerStats
 `prefill_tokens_per_s`: a rate measured where the work runs, not learned from end-to-end
