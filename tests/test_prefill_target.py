@@ -48,12 +48,17 @@ def test_without_a_target_they_share_one_step(clock):
 
 
 def test_under_the_target_several_short_prompts_share_a_step(clock):
-    """Target 30: a (12) and b (12) are under it, c starts beside them (the step is at 24)
-    with the 6 tokens left of the target; the step's first row keeps its whole chunk."""
+    """Target 40: a, b and c (12 each) all complete under it in one step. Target 30: a and b
+    complete; c would get only the 6 tokens left of the target and not complete, so it
+    starts the next step instead of delaying their first tokens. Target 20: b's 8 would not
+    complete beside a's 12 either. The step's first row keeps its whole chunk (target 8)."""
+    s = _three(40, clock)
+    assert _rows(_step(s)) == [("a", 12), ("b", 12), ("c", 12)]
     s = _three(30, clock)
-    assert _rows(_step(s)) == [("a", 12), ("b", 12), ("c", 6)]
+    assert _rows(_step(s)) == [("a", 12), ("b", 12)]
+    assert _rows(_step(s)) == [("a", 1), ("b", 1), ("c", 12)]
     s = _three(20, clock)
-    assert _rows(_step(s)) == [("a", 12), ("b", 8)]  # 20 reached: c waits a step
+    assert _rows(_step(s)) == [("a", 12)]
     s = _three(8, clock)
     assert _rows(_step(s)) == [("a", 12)]
 
@@ -76,11 +81,40 @@ def test_a_running_prefill_yields_its_step_to_a_shorter_one(clock):
     blocks = s.kv.num_request_blocks("long")
     assert _rows(_step(s)) == [("short", 8)]  # the chunk cap
     assert long.status is RequestStatus.RUNNING and s.kv.num_request_blocks("long") == blocks
-    assert _rows(_step(s)) == [("short", 2), ("long", 6)]  # short first, long the rest
+    assert _rows(_step(s)) == [("short", 2)]  # short completes: long's chunk waits a step
     assert short.status is RequestStatus.FINISHED_LENGTH
-    assert _drain(s) == [[("long", 8)]] * 3 + [[("long", 2)]]
+    assert _drain(s) == [[("long", 8)]] * 4
     assert long.num_computed_tokens == 40 and long.num_preemptions == 0
     assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def test_a_partial_chunk_never_delays_a_prefill_that_completes(clock):
+    """A 40-token prompt in chunks of 8 is running when a 4-token one arrives: the short one
+    completes alone in the next step (the long one's chunk would not complete beside it),
+    then the long one resumes at its full chunk. Under the target both run beside decode
+    rows, which never wait."""
+    s = _scheduler(32, policy="shortest_first", prefill_target_tokens=16,
+                   long_prefill_token_threshold=8)
+    _arrive(s, clock, _req("d", [1, 2], max_tokens=6))
+    long = _arrive(s, clock, _req("long", list(range(100, 140)), max_tokens=1))
+    assert _rows(_step(s)) == [("d", 2)]  # d completes: long's chunk starts the next step
+    assert _rows(_step(s)) == [("d", 1), ("long", 8)]
+    _arrive(s, clock, _req("short", [3, 4, 5, 6], max_tokens=2))
+    assert _rows(_step(s)) == [("d", 1), ("short", 4)]
+    assert _rows(_step(s)) == [("d", 1), ("long", 8), ("short", 1)]
+    assert long.num_preemptions == 0
+    _drain(s)
+    assert long.num_computed_tokens == 40 and s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def test_an_old_partial_prefill_still_runs_beside_a_completing_one(clock):
+    """The starvation bound holds: past max_prefill_wait_s the long prompt does not count
+    toward the target, so it runs its chunk beside the short one that completes."""
+    s, long, short = _long_then_short(clock, "shortest_first", max_prefill_wait_s=2.0)
+    clock.t += 1.5  # long is 2.5 s old, short 1.5 s
+    assert _rows(_step(s)) == [("long", 8), ("short", 8)]
+    assert _rows(_step(s)) == [("long", 8), ("short", 2)]
+    assert short.status is RequestStatus.FINISHED_LENGTH
 
 
 def test_fcfs_keeps_the_running_prefill_first(clock):

@@ -7,7 +7,12 @@ cost (plus one read of the weights per extra step). So a step starts no further 
 once it holds `prefill_target_tokens` of them, in the policy's order; under shortest_first a
 running partial prefill also yields its step to a waiting request with fewer uncached tokens
 (shortest remaining processing time first: the mean-TTFT-optimal order for one server,
-Schrage 1968). It keeps its blocks and resumes when it is the shortest again.
+Schrage 1968). It keeps its blocks and resumes when it is the shortest again. A row that
+would not complete its prefill this step joins no step holding one that does: a 250-token
+chunk of a cold prompt beside a 60-token turn makes that turn's first token wait for the
+chunk, while the cold prompt, which takes the same total compute either way, finishes no
+sooner for it (the next step runs the chunk alone). Rows that complete still share a step up
+to the target.
 
 Bounds, so nothing starves and nothing stalls:
 - a prefill older than `max_prefill_wait_s` (since arrival) does not count toward the
@@ -45,6 +50,7 @@ class StepPrefill:
         self.tokens = 0  # prefill tokens scheduled that count toward the target
         self.rows = 0  # prefill rows scheduled, counted or not
         self.aged_rows = 0  # prefill rows of requests older than max_prefill_wait_s
+        self.completing = 0  # counted prefill rows that compute their prompt's last token
         self.paused: list[Request] = []
         self.first = None  # the lowest key of every candidate: it is not paused for order
         if self.target and config.policy == "shortest_first":
@@ -105,11 +111,20 @@ class StepPrefill:
             return max(1, min(n, self.target - self.tokens))
         return n
 
+    def defers(self, req: Request, num_computed: int, n: int) -> bool:
+        """True when a row of `n` tokens from `num_computed` on waits for a later step: it
+        counts toward the target, would not complete its prefill in this step, and the step
+        already holds a counted row that completes (its first token would wait for this
+        row's chunk; see the module docstring)."""
+        return bool(self.target and self.completing and self._counts(req, num_computed)
+                    and num_computed + n < req.num_tokens)
+
     def add(self, req: Request, num_computed: int, n: int) -> None:
         """Record a scheduled row of `n` tokens from `num_computed` on."""
         if req.num_tokens - num_computed > 1:
             self.rows += 1
             if self._counts(req, num_computed):
                 self.tokens += n
+                self.completing += num_computed + n >= req.num_tokens
             else:
                 self.aged_rows += 1

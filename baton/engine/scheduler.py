@@ -100,7 +100,8 @@ class Scheduler:
         and only when their whole prompt fits beside what the running ones still need
         (`_fits_whole_prompt`). With prefill_target_tokens, prefill rows stop at the target
         and a running partial prefill may sit the step out for a shorter waiting request
-        (`StepPrefill`); paused ones resume when the step's prefill stays under the target.
+        or for a row that completes its prefill (`StepPrefill`); paused ones resume when the
+        step's prefill stays under the target.
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -118,6 +119,9 @@ class Scheduler:
                 continue  # before i: never a preemption victim below
             n = step.cap(req, req.num_computed_tokens,
                          self._num_new_tokens(req, req.num_computed_tokens, budget))
+            if step.defers(req, req.num_computed_tokens, n):
+                step.paused.append(req)
+                continue
             if not self._allocate_or_preempt(req, n, preempted):
                 break  # req itself was preempted; it was the last running request
             step.add(req, req.num_computed_tokens, n)
@@ -128,7 +132,8 @@ class Scheduler:
         for req in step.paused:  # resumed while under the target; nothing preempted for them
             n = step.cap(req, req.num_computed_tokens,
                          self._num_new_tokens(req, req.num_computed_tokens, budget))
-            if step.may_resume(req) and n > 0 and self.kv.allocate_slots(
+            if step.may_resume(req) and n > 0 and not step.defers(
+                    req, req.num_computed_tokens, n) and self.kv.allocate_slots(
                     req.request_id, req.num_computed_tokens + n) is not None:
                 step.add(req, req.num_computed_tokens, n)
                 scheduled.append(self._scheduled(req, n))
@@ -178,7 +183,8 @@ class Scheduler:
         skipped request has waited that long for blocks, admission stops behind it. One
         whose next uncached block another request computes this step waits for it
         (`_defer_for_inflight_prefix`). Admission stops once the step's prefill rows reach
-        the target (`StepPrefill.verdict`; the queue is already in policy order)."""
+        the target (`StepPrefill.verdict`; the queue is already in policy order), or at a
+        prompt that would not complete beside one that does (`StepPrefill.defers`)."""
         if not self.waiting:
             return budget  # the usual decode step: nothing to admit, no reserve to sum
         skipped: list[Request] = []
@@ -201,6 +207,9 @@ class Scheduler:
                         skipped.append(req)
                         continue
                     n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, budget))
+                    if step.defers(req, num_computed, n):
+                        skipped.append(req)  # keeps its place; behind it, longer ones
+                        break
                     blocks = None
                     if self._fits_whole_prompt(req, hits, reserved):
                         blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
