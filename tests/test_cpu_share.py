@@ -96,3 +96,35 @@ async def test_the_engine_thread_is_busy_while_stepping_and_idle_after(tiny_llam
         ae.shutdown()
     assert during and all(b == b"\x00\x01" for b in during)
     assert path.read_bytes() == bytes(2)
+
+
+async def test_a_step_follows_the_other_worker_between_layers(tiny_llama, tmp_path):
+    """The other worker starts stepping while this one is inside a forward (a long prefill
+    step): from the next layer on this step runs on one thread, not two beside its one."""
+    path = create_share_file(tmp_path / "share", 2)
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    assert len(engine.runner.model.layers) >= 2
+    ae = AsyncEngine(engine)
+    ae.cpu_share = CpuShare(path, 0, cpus=2)
+    other = CpuShare(path, 1, cpus=2)
+    ae.start()
+    share_hook = engine.runner.model.layer_hook
+    seen = []
+
+    def layer_hook():
+        before = torch.get_num_threads()
+        other.threads_for_step()  # the decode worker got work mid-step
+        share_hook()
+        seen.append((before, torch.get_num_threads()))
+
+    engine.runner.model.layer_hook = layer_hook
+    try:
+        params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        out = [t async for o in ae.generate("r", list(range(3, 40)), params)
+               for t in o.new_token_ids]
+    finally:
+        ae.shutdown()
+        other.close()
+    assert len(out) == 1
+    assert seen[0] == (2, 1)  # the step started alone, on both cores
+    assert all(after == 1 for _, after in seen)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +172,9 @@ class DecoderModel:
         self.fused_decode = (self.native_gemv and cpu_decode.fast_available()
                              and all(layer.q_norm is None for layer in self.layers))
         self._silu = cfg.hidden_act == "silu"
+        # called before every layer but the first (worker: cpu_share.py re-reads the other
+        # workers' load, so a long prefill step follows a decode worker that starts or stops)
+        self.layer_hook: Callable[[], object] | None = None
 
     @staticmethod
     def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -212,6 +216,8 @@ class DecoderModel:
                 meta.prefill_query_start_loc, meta.prefill_seq_lens)
             kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
         for i, layer in enumerate(self.layers):
+            if i and self.layer_hook is not None:
+                self.layer_hook()
             x = _rms_norm(h, layer.input_norm, self.eps)
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
@@ -244,6 +250,8 @@ class DecoderModel:
         h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
         x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
+            if i and self.layer_hook is not None:
+                self.layer_hook()
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias

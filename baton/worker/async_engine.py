@@ -46,11 +46,13 @@ class AsyncEngine:
         # completed); an exception it raises is logged, never fails the step's requests.
         self.after_step: Callable[[LLMEngine], None] | None = None
         # Set before start(): this worker's threads follow the other workers' load per step
-        # (cpu_share.py); marked idle whenever there is nothing to step.
+        # and per layer (cpu_share.py); marked idle whenever there is nothing to step.
         self.cpu_share: CpuShare | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.cpu_share is not None:  # also between layers: a prefill step lasts ~1 s here
+            self.engine.runner.model.layer_hook = self._share_cpus
         self._thread.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:

@@ -5,9 +5,15 @@ one of them has nothing to step: between an agent's turns the decode worker deco
 one thread while the prefill core sleeps, and a cold prefill runs at one thread while decode
 waits for it. Colocated serving uses both cores for whatever runs. Here each worker marks
 itself busy in a small shared file (one byte per worker, mmap'd) while it has work and idle
-when it has none, and before every engine step sets its own torch threads to
+when it has none, and before every engine step and every model layer sets its own torch
+threads to
 
     threads = max(1, cpus // (1 + other busy workers))
+
+Per layer because a prefill step of 256–512 tokens lasts 0.5–1 s here: one that started with
+both cores while the decode worker was idle ran beside it, once decode had work again, with
+three threads on two cores until the step ended (three cold prompts then took 1.8x as long as
+on one thread; DecoderModel.layer_hook re-reads the load every layer, ~20 ms).
 
 so a worker stepping alone takes every core and two busy workers one each (no more threads
 than cores: OpenMP threads that outnumber free cores spin for each other, measured in
