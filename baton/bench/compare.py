@@ -38,6 +38,10 @@ already running instead of starting them.
 `--driver agentx` sends the workload with the public AgentX harness instead of Baton's client
 (agentx_cli.py: block traces only, converted once, one harness run per configuration); the
 harness's own numbers get a second table with their ratios (TTFT p50/p90, ITL p90).
+
+Beside report.json and each configuration's requests-<name>.jsonl, the output folder keeps
+metrics-<name>.txt: the server's Prometheus text when its run ended (a gateway's /metrics and
+/metrics/workers: P/D decisions and their reasons, preemptions, cache hits).
 """
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ from baton.bench.report import (
     write_records,
 )
 from baton.bench.runner import RunConfig, run_workload
-from baton.bench.server_info import client_version, probe_server
+from baton.bench.server_info import client_version, probe_server, save_metrics
 from baton.bench.workload import Session, describe
 
 SLICE = "baton-slice"
@@ -216,11 +220,13 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path,
                     rows[name] = Row(name, ref, lv.summary, lv.records,
                                      spec.describe() if spec else None, probe_server(base),
                                      lv.harness)
+                    save_metrics(base, out / f"metrics-{name}.txt")
                     continue
                 records, summary = _run(base, args, work, counter, f"{salt}-{name}", duration,
                                         warmup)
                 rows[name] = Row(name, ref, summary, records, spec.describe() if spec else None,
                                  probe_server(base))
+                save_metrics(base, out / f"metrics-{name}.txt")
                 if need_slice and not is_hf and SLICE not in rows:
                     records, summary = _run(base, args, slice_sessions, counter,
                                             f"{salt}-slice", args.baseline_duration, 0.0)

@@ -5,10 +5,15 @@ A Baton gateway answers `GET /version` → {"version", "commit"?} and `GET /v1/m
 OpenAI model list (with `max_model_len`). Any other server is asked the same and its answer
 is recorded as it comes: a JSON body, or {"status", "body"} for a non-200 answer, or
 {"error"} when nothing answers. Asking never fails the run.
+
+After a run, `save_metrics` keeps the server's Prometheus text (a Baton gateway's own
+`/metrics` and its workers' through `/metrics/workers`: P/D decisions, preemptions, cache
+hits), which would otherwise go with a cluster the benchmark stops.
 """
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import httpx
 
@@ -42,3 +47,28 @@ def probe_server(url: str, timeout_s: float = 5.0) -> dict:
     with httpx.Client(base_url=url, timeout=timeout_s) as client:
         return {key: _ask(client, path) for key, path in PROBES.items()}
 
+
+
+METRICS_PATHS = ("/metrics", "/metrics/workers")
+
+
+def save_metrics(url: str, path: Path, timeout_s: float = 5.0) -> bool:
+    """Write `url`'s GET /metrics and /metrics/workers answers (Prometheus text) to `path`, each
+    under a `# ---- GET <path>` line; an unanswered or non-200 path is noted there instead.
+    True when any answered; never raises for the server's answers (an OSError writing
+    `path` does raise)."""
+    parts, answered = [], False
+    with httpx.Client(base_url=url, timeout=timeout_s) as client:
+        for p in METRICS_PATHS:
+            try:
+                r = client.get(p)
+            except httpx.HTTPError as exc:
+                parts.append(f"# ---- GET {p}: {type(exc).__name__}\n")
+                continue
+            if r.status_code != 200:
+                parts.append(f"# ---- GET {p}: HTTP {r.status_code}\n")
+                continue
+            answered = True
+            parts.append(f"# ---- GET {p}\n{r.text}")
+    path.write_text("".join(parts))
+    return answered
