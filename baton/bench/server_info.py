@@ -70,5 +70,6 @@ def save_metrics(url: str, path: Path, timeout_s: float = 5.0) -> bool:
                 continue
             answered = True
             parts.append(f"# ---- GET {p}\n{r.text}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(parts))
     return answered
