@@ -21,6 +21,8 @@ class DecodeConfig(RoleConfig):
     worker's decode steps and stalls every running sequence for its compute time (a
     255-token suffix cost ~1 s of ITL on a CPU core); one that would stall a busy batch
     longer than this goes remote.
+    local_prefill_idle_budget_ms: while this worker runs no sequence, a local prefill that
+    would take up to this long is chosen when it is the faster path (0: off).
     on_prefill_failure: "recompute" (prefill locally from this worker's cached prefix) or
     "fail" (end the request with an error) when a remote prefill fails or times out.
     prefill_timeout_seconds: stall budget of one Prefill call: it is given up (Abort, then
@@ -40,6 +42,7 @@ class DecodeConfig(RoleConfig):
     prefill_address: str | None = None
     min_remote_tokens: int | None = None
     local_prefill_itl_budget_ms: float = 50.0
+    local_prefill_idle_budget_ms: float = 250.0
     on_prefill_failure: str = "recompute"
     prefill_timeout_seconds: float = 60.0
     prefill_max_seconds: float = 600.0
@@ -57,6 +60,8 @@ class DecodeConfig(RoleConfig):
             raise ValueError("min_remote_tokens must be ≥ 1")
         if self.local_prefill_itl_budget_ms < 0:
             raise ValueError("local_prefill_itl_budget_ms must be ≥ 0")
+        if self.local_prefill_idle_budget_ms < 0:
+            raise ValueError("local_prefill_idle_budget_ms must be ≥ 0")
         for name in ("prefill_timeout_seconds", "prefill_max_seconds", "kv_wait_seconds",
                      "abort_timeout_seconds", "handshake_timeout_seconds"):
             if getattr(self, name) <= 0:
@@ -91,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--local-prefill-itl-budget-ms", type=float, default=50.0,
                    help="cost-based P/D: the longest stall a local prefill may put on a busy "
                         "decode batch before it goes to the prefill worker")
+    g.add_argument("--local-prefill-idle-budget-ms", type=float, default=250.0,
+                   help="cost-based P/D: while no sequence runs here, the longest local "
+                        "prefill chosen when it is faster than the prefill worker (0: off)")
     g.add_argument("--on-prefill-failure", default="recompute", choices=["recompute", "fail"],
                    help="when a remote prefill fails: prefill here instead, or fail the request")
     g.add_argument("--prefill-timeout-seconds", type=float, default=60.0,
@@ -119,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> DecodeConfig:
             **role_config_kwargs(a), prefill_address=a.prefill_address,
             min_remote_tokens=a.min_remote_tokens,
             local_prefill_itl_budget_ms=a.local_prefill_itl_budget_ms,
+            local_prefill_idle_budget_ms=a.local_prefill_idle_budget_ms,
             on_prefill_failure=a.on_prefill_failure,
             prefill_timeout_seconds=a.prefill_timeout_seconds,
             prefill_max_seconds=a.prefill_max_seconds, kv_wait_seconds=a.kv_wait_seconds,

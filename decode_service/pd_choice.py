@@ -57,13 +57,14 @@ class PDChoice:
 
 
 class PDChooser:
-    """itl_budget_s: --local-prefill-itl-budget-ms. The rates are this worker's (one
+    """itl_budget_s: --local-prefill-itl-budget-ms; idle_budget_s:
+    --local-prefill-idle-budget-ms. The rates are this worker's (one
     estimator for its prefill peers together)."""
 
     def __init__(self, peers: PrefillPeers, metrics: DecodeMetrics, itl_budget_s: float,
-                 stats_timeout_s: float) -> None:
+                 stats_timeout_s: float, idle_budget_s: float = 0.25) -> None:
         self.peers, self.metrics, self.stats_timeout_s = peers, metrics, stats_timeout_s
-        self.policy = PDPolicy(itl_budget_s=itl_budget_s)
+        self.policy = PDPolicy(itl_budget_s=itl_budget_s, idle_budget_s=idle_budget_s)
         self.block_size = peers.layout.block_size
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()

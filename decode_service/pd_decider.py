@@ -18,6 +18,10 @@
                                    → the old fixed threshold                   "threshold"
       nothing uncached             → local                                     "cached"
       stall ≤ ITL budget           → the faster of local / remote      "faster_local|remote"
+      decode idle, stall ≤ idle budget (--local-prefill-idle-budget-ms: nothing runs here
+                                   to stall; a sequence arriving meanwhile waits at most
+                                   that long)
+                                   → the faster of local / remote "idle_faster_local|remote"
       stall > budget, decode busy  → remote                                    "itl_budget"
       stall > budget, decode idle  → local when going remote costs this request more extra
                                      wait than the local prefill would block the engine
@@ -28,8 +32,9 @@
 How the first turn of a session and its continuations part ways: the gateway keeps a session
 on one decode worker, whose prefix cache then holds the whole previous turn, so a
 continuation's `uncached` is only the new suffix (a tool result, a user message): its stall
-fits the ITL budget and it goes local — no transfer, and no wait behind the prefill worker's
-queue of long prompts. A first turn (or a session that moved) is cold: its stall exceeds the
+fits the ITL budget, or the idle budget while nothing decodes here (the agent's own session
+was waiting on a tool), and it goes local — no transfer, and no wait behind the prefill
+worker's queue of long prompts. A first turn (or a session that moved) is cold: its stall exceeds the
 budget and it goes remote, which also leaves the prompt in the prefill worker's prefix cache
 for the session's next long turn. Idle decode + idle prefill still sends a long cold prompt
 remote: the decode worker stays free for the sequences that arrive meanwhile.
@@ -75,10 +80,13 @@ class PDRates:
 @dataclass(frozen=True)
 class PDPolicy:
     """itl_budget_s: the longest stall a local prefill may put on a busy running batch.
+    idle_budget_s: while nothing runs here, a local prefill up to this long is chosen when it
+    is the faster path (0: idle decode is treated like a stall past the ITL budget).
     remote_overhead_s: fixed cost of a remote prefill (Prefill call, receive, first token).
     min_remote_tokens: when set, the fixed threshold of old replaces the estimate."""
 
     itl_budget_s: float = 0.05
+    idle_budget_s: float = 0.25
     remote_overhead_s: float = 0.005
     min_remote_tokens: int | None = None
 
@@ -114,6 +122,9 @@ def decide(s: PDState, r: PDRates, p: PDPolicy) -> PDDecision:
         return out(False, "cached")
     if stall <= p.itl_budget_s:
         return out(remote < local, "faster_remote" if remote < local else "faster_local")
+    if s.decode_running == 0 and stall <= p.idle_budget_s:
+        faster_remote = remote < local
+        return out(faster_remote, "idle_faster_remote" if faster_remote else "idle_faster_local")
     if s.decode_running > 0:
         return out(True, "itl_budget")
     if remote - local > stall:

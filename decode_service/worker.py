@@ -51,7 +51,7 @@ class DecodeWorker:
         self.metrics = metrics
         self.tasks = BackgroundTasks()
         pd = PDChooser(peers, metrics, config.local_prefill_itl_budget_ms / 1e3,
-                       config.abort_timeout_seconds)
+                       config.abort_timeout_seconds, config.local_prefill_idle_budget_ms / 1e3)
         self.ctx = DecodeContext(config, receiver, peers, metrics, self.tasks.spawn, pd)
         self.jobs: dict[str, Job] = {}
         self.accepting = True

@@ -37,6 +37,24 @@ def test_long_cold_prompt_with_idle_prefill_goes_remote():
     assert (idle.path, idle.reason) == ("remote", "long_prompt")
 
 
+def test_a_continuation_past_the_itl_budget_goes_local_while_decode_runs_nothing():
+    """200 uncached tokens: a 0.1 s stall, past the 50 ms ITL budget. With sequences running
+    it goes remote; with none (the idle budget, 0.25 s) it takes the faster path, here
+    local (no transfer); with the idle budget off it goes remote as a long prompt."""
+    cont = state(1000, cached=800)
+    assert decide(state(1000, cached=800, running=3), RATES, POLICY).reason == "itl_budget"
+    d = decide(cont, RATES, POLICY)
+    assert (d.path, d.reason) == ("local", "idle_faster_local")
+    assert d.stall_s == pytest.approx(0.1)
+    off = PDPolicy(itl_budget_s=0.05, idle_budget_s=0.0)
+    assert (decide(cont, RATES, off).path, decide(cont, RATES, off).reason) == (
+        "remote", "long_prompt")
+    queued = decide(state(1000, cached=800, decode_queue=4000), RATES, POLICY)
+    assert (queued.path, queued.reason) == ("remote", "idle_faster_remote")
+    cold = decide(state(1000), RATES, POLICY)  # 0.5 s: past the idle budget
+    assert (cold.path, cold.reason) == ("remote", "long_prompt")
+
+
 def test_long_prompt_saturated_prefill_idle_decode_goes_local():
     d = decide(state(2048, prefill_queue=20_000), RATES, POLICY)
     assert (d.path, d.reason) == ("local", "prefill_saturated")
@@ -91,5 +109,7 @@ def test_flags_default_to_the_decider_and_keep_the_threshold():
     from decode_service.config import parse_args
     assert parse_args([]).min_remote_tokens is None
     assert parse_args([]).local_prefill_itl_budget_ms == 50.0
+    assert parse_args([]).local_prefill_idle_budget_ms == 250.0
+    assert parse_args(["--local-prefill-idle-budget-ms", "0"]).local_prefill_idle_budget_ms == 0
     cfg = parse_args(["--min-remote-tokens", "64", "--local-prefill-itl-budget-ms", "20"])
     assert (cfg.min_remote_tokens, cfg.local_prefill_itl_budget_ms) == (64, 20.0)

@@ -5,6 +5,7 @@ is counted in baton_decode_pd_decisions_total{path, reason}."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 
@@ -41,7 +42,7 @@ async def test_short_local_long_remote_continuation_local(cluster, model):
     assert not short.fin.timings.remote_prefill
     assert decisions(decode, "local", "faster_local") == 1
 
-    turn1 = prompt_of(120, seed=2)  # 120 ms stall > 50 ms budget: the prefill worker's
+    turn1 = prompt_of(300, seed=2)  # 300 ms stall > 250 ms idle budget: the prefill worker's
     first = await client.generate(turn1)
     assert first.fin.timings.remote_prefill
     assert decisions(decode, "remote", "long_prompt") == 1
@@ -50,7 +51,7 @@ async def test_short_local_long_remote_continuation_local(cluster, model):
     cont = await client.generate(turn2)
     assert not cont.fin.timings.remote_prefill
     assert decisions(decode, "local", "faster_local") == 2
-    assert cont.fin.usage.cached_tokens >= 120
+    assert cont.fin.usage.cached_tokens >= 288
 
 
 async def test_saturated_prefill_keeps_long_prompt_local_and_queue_is_polled(cluster, model):
@@ -63,9 +64,23 @@ async def test_saturated_prefill_keeps_long_prompt_local_and_queue_is_polled(clu
     assert decode.peers.load(prefill.address).num_waiting_tokens == 0
     decode.peers._loads[prefill.address] = PeerLoad(time.monotonic(), 0, 50, 20_000,
                                                     4, 3.0)  # 20 s of queue, fresh
-    res = await client.generate(prompt_of(120, seed=5))
+    res = await client.generate(prompt_of(300, seed=5))
     assert not res.fin.timings.remote_prefill
     assert decisions(decode, "local", "prefill_saturated") == 1
+
+
+async def test_idle_decode_prefills_a_short_continuation_here(cluster, model):
+    """A 120-token suffix (120 ms, past the 50 ms ITL budget) while nothing decodes: local
+    (idle budget 250 ms); with the idle budget off, the prefill worker's."""
+    prefill, decode, client = await start(cluster, model)
+    res = await client.generate(prompt_of(120, seed=7))
+    assert not res.fin.timings.remote_prefill
+    assert decisions(decode, "local", "idle_faster_local") == 1
+    decode.worker.ctx.pd.policy = dataclasses.replace(decode.worker.ctx.pd.policy,
+                                                      idle_budget_s=0.0)
+    res = await client.generate(prompt_of(120, seed=8))
+    assert res.fin.timings.remote_prefill
+    assert decisions(decode, "remote", "long_prompt") == 1
 
 
 async def test_min_remote_tokens_flag_overrides_the_decider(cluster, model):
