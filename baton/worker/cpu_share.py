@@ -10,16 +10,17 @@ threads to
 
     threads = max(1, cpus // (1 + other busy workers))
 
-Per layer because a prefill step of 256–512 tokens lasts 0.5–1 s here: one that started with
-both cores while the decode worker was idle ran beside it, once decode had work again, with
-three threads on two cores until the step ended (three cold prompts then took 1.8x as long as
-on one thread; DecoderModel.layer_hook re-reads the load every layer, ~20 ms).
-
 so a worker stepping alone takes every core and two busy workers one each (no more threads
 than cores: OpenMP threads that outnumber free cores spin for each other, measured in
 baton/threads.py at 26x slower). The file is written only on idle/busy transitions and read
-with one small mmap slice per step (microseconds). A race (both see the other idle and start
-a step) costs one oversubscribed step; the next step sees both busy.
+with one small mmap slice per step and per layer (microseconds). A race (both see the other
+idle and start a step) costs one oversubscribed layer; the next layer sees both busy.
+
+Per layer because a prefill step of 256–512 tokens lasts 0.5–1 s here: one that started with
+both cores while the decode worker was idle ran beside it, once decode had work again, with
+three threads on two cores until the step ended (two threads beside a busy one ran 1.8–2.4x
+slower than one thread: benchmarks/prefill_oversubscribe.py); DecoderModel.layer_hook reads
+the load again before every layer (~20 ms of such a step).
 
 Only Baton's own workers are counted: another program busy on the same cores is not seen
 (`--pin split` or fixed `--threads` suit a shared host), and `--threads` is only the count a
