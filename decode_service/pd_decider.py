@@ -34,9 +34,9 @@ on one decode worker, whose prefix cache then holds the whole previous turn, so 
 continuation's `uncached` is only the new suffix (a tool result, a user message): its stall
 fits the ITL budget, or the idle budget while nothing decodes here (the agent's own session
 was waiting on a tool), and it goes local — no transfer, and no wait behind the prefill
-worker's queue of long prompts. A first turn (or a session that moved) is cold: its stall exceeds the
-budget and it goes remote, which also leaves the prompt in the prefill worker's prefix cache
-for the session's next long turn. Idle decode + idle prefill still sends a long cold prompt
+worker's queue of long prompts. A first turn (or a session that moved) is cold: its stall
+exceeds both budgets and it goes remote, which also leaves the prompt in the prefill worker's
+prefix cache for the session's next long turn. Idle decode + idle prefill still sends a long cold prompt
 remote: the decode worker stays free for the sequences that arrive meanwhile.
 """
 from __future__ import annotations

@@ -48,7 +48,6 @@ def probe_server(url: str, timeout_s: float = 5.0) -> dict:
         return {key: _ask(client, path) for key, path in PROBES.items()}
 
 
-
 METRICS_PATHS = ("/metrics", "/metrics/workers")
 
 
