@@ -40,6 +40,26 @@ MB = 1 << 20
 
 
 def free_port() -> int:
+    """A free 127.0.0.1 TCP port for a process started later (or again) on a fixed port.
+
+    Drawn below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), which
+    a port-0 bind would return: until the process binds it, any outgoing connection or port-0
+    bind on the host may take an ephemeral port for itself (a gateway once failed to start
+    with EADDRINUSE on the port picked for it). Ports there are taken only by an explicit
+    bind. Falls back to a port-0 pick if none below is free."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,12 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.load_helpers import free_port
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM = ("You are a travel agent. Use tools to look up flights, then answer briefly. "
           "Flight UA 123 from SFO to JFK departs at 10:45. Baggage allowance: two bags.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
