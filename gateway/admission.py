@@ -19,8 +19,10 @@ join, instead of being prefilled (using prefill and transfer capacity) and then 
       TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
     TTFT = the path the decode worker's P/D decider (decode_service/pd_decider.py) takes:
       the prefill worker when decode is running sequences and a local prefill of u would
-      stall them past ITL_BUDGET_S (its default --local-prefill-itl-budget-ms), else the
-      faster path.
+      stall them past ITL_BUDGET_S (its default --local-prefill-itl-budget-ms); with decode
+      idle, the faster path up to IDLE_BUDGET_S (--local-prefill-idle-budget-ms), past it
+      the prefill worker unless that costs this request more than the local stall (the
+      prefill worker saturated); else the faster path.
       TTFT ≤ SLO                                   → admit
       TTFT > SLO, idle ≤ SLO (the queue is why)    → 429 slo_unattainable,
                                                      Retry-After = TTFT − SLO
@@ -53,6 +55,7 @@ from gateway.errors import GatewayError
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
 CHUNK_TOKENS = 256           # workers' default --prefill-target-tokens: one step's prefill
 ITL_BUDGET_S = 0.05          # decode workers' default --local-prefill-itl-budget-ms
+IDLE_BUDGET_S = 0.25         # decode workers' default --local-prefill-idle-budget-ms
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,13 @@ class SLOAdmission:
 
     def choose(self, preds: list[Prediction], decode: PathQueue) -> Prediction:
         """The path the P/D decider takes (module docstring); preds[0] is decode's own."""
-        if len(preds) > 1 and decode.num_running > 0 and \
-                preds[0].idle_seconds > ITL_BUDGET_S:
-            return preds[1]
+        if len(preds) > 1 and preds[0].idle_seconds > ITL_BUDGET_S:
+            local, remote = preds[0], preds[1]
+            if decode.num_running > 0:
+                return remote
+            if local.idle_seconds > IDLE_BUDGET_S:
+                saturated = remote.seconds - local.seconds > local.idle_seconds
+                return local if saturated else remote
         return min(preds, key=lambda p: p.seconds)
 
     def admit(self, uncached: int, allowed: list[PathQueue]) -> Ticket:

@@ -9,8 +9,8 @@ import grpc
 import httpx
 import pytest
 
-from gateway.admission import (CHUNK_TOKENS, ITL_BUDGET_S, PRIOR_TOKENS_PER_S, PathQueue,
-                               SLOAdmission)
+from gateway.admission import (CHUNK_TOKENS, IDLE_BUDGET_S, ITL_BUDGET_S, PRIOR_TOKENS_PER_S,
+                               PathQueue, SLOAdmission)
 from gateway.config import PrefillModeChoice
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
@@ -167,6 +167,23 @@ def test_the_path_is_the_one_the_pd_decider_takes():
     short = int(1000.0 * ITL_BUDGET_S / 2)     # fits the budget: the faster path
     assert SLOAdmission(slo_ttft_s=1.0).admit(short, [running, busy_prefill]).predicted_s \
         == pytest.approx(short / 1000.0)
+
+
+def test_idle_decode_past_the_idle_budget_is_predicted_on_the_prefill_worker():
+    """As the decider: decode idle, a 400-token prompt (0.4 s locally, past the 0.25 s idle
+    budget) goes to the prefill worker although local is no slower, unless the prefill
+    worker's queue costs it more than the local stall."""
+    adm = SLOAdmission(slo_ttft_s=5.0)
+    idle_decode = PathQueue("d:1", 0, 1000.0)
+    slow_prefill = PathQueue("p:1", 0, 800.0)  # 0.5 s there vs 0.4 s here: still remote
+    assert adm.choose([adm.predict(400, idle_decode), adm.predict(400, slow_prefill)],
+                      idle_decode).address == "p:1"
+    saturated = PathQueue("p:1", 2000, 1000.0)  # 2.4 s there: 2.0 s more than the stall
+    assert adm.choose([adm.predict(400, idle_decode), adm.predict(400, saturated)],
+                      idle_decode).address == "d:1"
+    within = int(1000.0 * IDLE_BUDGET_S / 2)  # under the idle budget: the faster path
+    assert adm.choose([adm.predict(within, idle_decode), adm.predict(within, slow_prefill)],
+                      idle_decode).address == "d:1"
 
 
 @pytest.mark.parametrize("behavior", [Behavior(), Behavior(reject=grpc.StatusCode.INTERNAL),
