@@ -1,27 +1,36 @@
 """Frozen configuration objects, one per concern, built once in `main` and passed down.
 
-Nothing below `baton/cli.py` reads `os.environ`; every knob is a field here.
+Nothing below `baton/cli.py` reads `os.environ`; every knob is a field here, and each field
+that is a command-line flag declares it (help, name) on the field itself (baton/flagspec.py):
+every role's parser and `baton up`'s are generated from these, so a default lives in one place.
+Importing this module does not import torch (the gateway and `baton up` read it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from baton.dtypes import DTYPES, resolve_dtype
+from baton.flagspec import flag
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEDULE_POLICIES = ("fcfs", "shortest_first")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_dtype(name: str) -> torch.dtype:
     """Map "float32" | "bfloat16" | "float16" to a torch dtype; ValueError otherwise."""
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
+    import torch
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return getattr(torch, name)
 
 
 def parse_device(name: str) -> torch.device:
     """Map "cpu" | "cuda" | "cuda:N" to a torch device; ValueError otherwise (no CUDA check:
     allocating on a machine without it raises torch's own error)."""
+    import torch
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as e:
@@ -29,6 +38,22 @@ def parse_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}")
     return device
+
+
+def _check_device(name: str) -> None:
+    """parse_device's check without torch: "cpu", "cuda" or "cuda:N"."""
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}")
+
+
+def none_or(kind):
+    """--flag TEXT where "none" (or "auto", "") means None: deployment files can pass the
+    flag always and leave the value to an environment variable."""
+    def parse(text: str):
+        return None if text.strip().lower() in ("", "none", "auto") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
 
 
 @dataclass(frozen=True)
@@ -51,19 +76,30 @@ class CacheConfig:
     keys (None: the folder or registered name, as the KV layout's).
     """
 
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None
-    num_blocks: int | None = None
-    kv_memory_fraction: float = 0.5
+    block_size: int = flag(16, "tokens per KV block")
+    kv_cache_memory_bytes: int | None = flag(
+        None, "KV pool size in bytes (ignored with --num-blocks; default: --kv-memory-fraction "
+              "of the memory free after the model loads, at least one --max-model-len request)")
+    num_blocks: int | None = flag(None, "fixed KV pool size in blocks (tests)")
+    kv_memory_fraction: float = flag(0.5, "share of MemAvailable the default KV pool takes")
     kv_pool_for_batch: bool = False
-    enable_prefix_caching: bool = True
-    kv_host_tier_bytes: int = 0
-    kv_disk_tier_dir: str | None = None
-    kv_disk_tier_bytes: int = 8 << 30
-    kv_store_url: str | None = None
-    kv_store_segment_bytes: int = 128 << 20
-    kv_store_queue_bytes: int = 256 << 20
-    kv_store_local_host: str | None = None
+    enable_prefix_caching: bool = flag(True, "reuse cached KV blocks across requests",
+                                       name="--prefix-caching")
+    kv_host_tier_bytes: int = flag(0, "host-memory tier for blocks the KV pool evicts (0 = off)")
+    kv_disk_tier_dir: str | None = flag(
+        None, "disk tier below the host tier: block files go in a fresh folder here")
+    kv_disk_tier_bytes: int = flag(8 << 30, "disk tier budget in bytes (with --kv-disk-tier-dir)")
+    kv_store_url: str | None = flag(
+        None, "cluster-wide KV store, mooncake://HOST:PORT (a mooncake_master): finished "
+              "requests' blocks go there, prefills load from it (none: off)",
+        parse=none_or(str))
+    kv_store_segment_bytes: int = flag(128 << 20, "memory this worker lends the KV store")
+    kv_store_queue_bytes: int = flag(
+        256 << 20, "staging for blocks waiting to be written to the KV store; a finished "
+                   "request's blocks beyond it are not written (counted)")
+    kv_store_local_host: str | None = flag(
+        None, "address other store clients reach this worker at (default: the one toward "
+              "the master)", cluster=False)
     kv_store_model: str | None = None
 
     @property
@@ -103,7 +139,8 @@ class SchedulerConfig:
     stream of small requests cannot starve a large one (running requests finish and free
     blocks). 0 = strict FIFO admission.
     policy: the order waiting requests are considered for admission (scheduler.py):
-    "fcfs" (arrival) or "shortest_first" (fewest uncached prompt tokens first, with aging).
+    "fcfs" (arrival) or "shortest_first" (the default: fewest uncached prompt tokens first,
+    with aging).
     max_prefill_wait_s: under shortest_first, a request waiting longer than this goes before
     the younger ones (in arrival order among such), so a long cold prefill still starts; a
     prefill this old also runs beside the prefill_target_tokens rows (one a step, under
@@ -120,14 +157,30 @@ class SchedulerConfig:
     is loaded back, not recomputed: time_slice.py); 0 = never. No effect without a tier.
     """
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    long_prefill_token_threshold: int = 512
-    max_bypass_s: float = 5.0
-    policy: str = "fcfs"
-    max_prefill_wait_s: float = 10.0
-    prefill_target_tokens: int = 0
-    time_slice_s: float = 2.0
+    max_num_batched_tokens: int = flag(
+        2048, "token budget of one engine step (decodes + prefill chunks)")
+    max_num_seqs: int = flag(64, "most running requests")
+    long_prefill_token_threshold: int = flag(
+        512, "chunk cap: one request's prefill tokens per step (0 = none)")
+    max_bypass_s: float = flag(
+        5.0, "seconds smaller requests may pass one that cannot get KV blocks before "
+             "admission waits for it (0 = FIFO)")
+    policy: str = flag(
+        "shortest_first", "order of waiting requests: fcfs (arrival) or shortest_first "
+        "(fewest uncached prompt tokens first, with aging; with --prefill-target-tokens a "
+        "running prefill yields to a shorter one)",
+        name="--schedule-policy", choices=SCHEDULE_POLICIES)
+    max_prefill_wait_s: float = flag(
+        10.0, "shortest_first aging: a request waiting longer than this goes before younger "
+              "ones, in arrival order (0 = fcfs)")
+    prefill_target_tokens: int = flag(
+        256, "a step starts no further prefill once it holds this many prompt tokens "
+             "(prefill is compute-bound past it: one request after the other gives earlier "
+             "first tokens than batching them; 0 = fill --max-num-batched-tokens)")
+    time_slice_s: float = flag(
+        2.0, "with a KV tier: a request waiting this long for pool space may preempt decodes "
+             "running at least this long (their KV goes to the tier and is loaded back, not "
+             "recomputed; 0 = never)")
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -149,7 +202,8 @@ class EngineConfig:
     """Everything one engine (one worker) needs.
 
     model: a registered name (e.g. "smollm2-135m") or a Hugging Face folder path.
-    dtype: "float32" | "bfloat16" | "float16" (weights, activations and KV cache).
+    dtype: "auto" | "float32" | "bfloat16" | "float16" (weights, activations and KV cache);
+    "auto" is decided per machine (`resolved_dtype`).
     max_model_len: context limit in tokens; None = the model's max_position_embeddings.
     seed: seed of the default RNG used by unseeded sampled requests.
     device: where weights, the KV pool, the step's index tensors and sampling live: "cpu"
@@ -157,23 +211,34 @@ class EngineConfig:
     transfer transports are exercised on "cpu" only.
     """
 
-    model: str = "smollm2-135m"
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    seed: int = 0
-    device: str = "cpu"
+    model: str = flag("smollm2-135m", "registered name or Hugging Face model folder")
+    dtype: str = flag("auto", "weights, activations and KV dtype; auto: bfloat16 on CUDA and "
+                              "on CPUs with AVX512_BF16 or AMX, else float32",
+                      choices=("auto", *DTYPES))
+    max_model_len: int | None = flag(
+        None, "context limit (default: the model's, within the KV pool)")
+    seed: int = flag(0, "the default RNG's seed (requests without their own seed)")
+    device: str = flag("cpu", "where the model runs: cpu, cuda or cuda:N")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got "
+                             f"{self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be ≥ 1")
-        parse_device(self.device)
+        _check_device(self.device)
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype this engine runs: `dtype`, with "auto" decided for this machine and
+        `device` (baton/dtypes.py)."""
+        return resolve_dtype(self.dtype, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return parse_dtype(self.dtype)
+        return parse_dtype(self.resolved_dtype)
 
     @property
     def torch_device(self) -> torch.device:

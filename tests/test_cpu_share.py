@@ -7,7 +7,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.cluster.plan import cpu_plan, cpu_share_plan, decode_args
-from baton.cluster.up import build_parser
+from baton.cluster.flags import parse_up_args
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.cpu_share import CpuShare, create_share_file
 from baton.worker.flags import ServerConfig
@@ -65,7 +65,7 @@ def test_bad_slots_and_flags_are_refused(tmp_path):
 
 
 def test_baton_up_pin_share_gives_each_worker_a_slot_and_no_affinity(tmp_path):
-    a = build_parser().parse_args(["--pin", "share", "--num-prefill", "1", "--num-decode", "2"])
+    a = parse_up_args(["--pin", "share", "--num-prefill", "1", "--num-decode", "2"])
     cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode, cpus=[0, 1])
     assert set(cpus.values()) == {None}
     share = cpu_share_plan(a.pin, tmp_path, list(cpus))

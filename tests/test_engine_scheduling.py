@@ -25,7 +25,8 @@ def test_shared_prefix_outputs_equal_a_run_without_prefix_caching(tiny_llama):
     p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     llm = LLM(str(tiny_llama), num_blocks=64)
     shared = llm.generate(prompts, p)
-    assert [o.num_cached_tokens for o in shared] == [0, 48, 48]
+    # the first one scheduled (the shortest: shortest_first) computes the prefix
+    assert sorted(o.num_cached_tokens for o in shared) == [0, 48, 48]
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
     plain = LLM(str(tiny_llama), num_blocks=64, enable_prefix_caching=False).generate(prompts, p)
     assert [o.output_token_ids for o in shared] == [o.output_token_ids for o in plain]

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from baton import LLM
-from baton.cluster.flags import build_parser
-from baton.cluster.plan import decode_args, kv_bytes_per_worker
+from baton.cluster.flags import parse_up_args
+from baton.cluster.plan import decode_args, kv_bytes_per_worker, set_role_flag
 from baton.engine.kv_budget import (
     FALLBACK_BYTES,
     KVBudgetError,
@@ -84,16 +84,16 @@ def test_engine_sizes_its_pool_from_free_memory(tiny_llama, monkeypatch):
 
 
 def test_baton_up_splits_one_budget_over_its_workers(tiny_llama):
-    a = build_parser().parse_args(["--model", str(tiny_llama), "--num-decode", "2"])
+    a = parse_up_args(["--model", str(tiny_llama), "--num-decode", "2"])
     weights = weight_bytes(tiny_llama, 4)
     config = json.loads((tiny_llama / "config.json").read_text())
     assert weights > 0 and block_bytes_of(config, 16, 4) == 2 * 2 * 16 * 2 * 16 * 4
     free = 3 * weights + 300 * MIB  # 1 prefill + 2 decode workers
     share = kv_bytes_per_worker(a, tiny_llama, free)
     assert share == int(300 * MIB * 0.5) // 3
-    a.kv_cache_memory_bytes = share
+    set_role_flag(a, "kv_cache_memory_bytes", share)
     assert decode_args(a)[decode_args(a).index("--kv-cache-memory-bytes") + 1] == str(share)
-    explicit = build_parser().parse_args(["--model", str(tiny_llama), "--num-blocks", "64"])
+    explicit = parse_up_args(["--model", str(tiny_llama), "--num-blocks", "64"])
     assert kv_bytes_per_worker(explicit, tiny_llama, free) is None
     with pytest.raises(KVBudgetError, match="--num-blocks"):
         kv_bytes_per_worker(a.__class__(**{**vars(a), "kv_cache_memory_bytes": None}),

@@ -224,16 +224,13 @@ def test_half_precision_blocks_round_trip_bit_exact(tmp_path, dtype):
 
 
 def test_tier_flags_reach_the_cache_config():
-    import argparse
+    from baton.config import CacheConfig, EngineConfig
+    from baton.flagspec import build, parser_for
 
-    from baton.config import CacheConfig
-    from baton.worker.flags import add_engine_args, engine_config_from_args
-
-    p = argparse.ArgumentParser()
-    add_engine_args(p)
-    off = engine_config_from_args(p.parse_args([])).cache
+    p = parser_for(EngineConfig, "engine", "")
+    off = build(EngineConfig, p.parse_args([])).cache
     assert not off.kv_tier_enabled and off.kv_host_tier_bytes == 0
-    on = engine_config_from_args(p.parse_args([
+    on = build(EngineConfig, p.parse_args([
         "--kv-host-tier-bytes", "1048576", "--kv-disk-tier-dir", "/tmp/x",
         "--kv-disk-tier-bytes", "4096"])).cache
     assert (on.kv_host_tier_bytes, on.kv_disk_tier_dir, on.kv_disk_tier_bytes) == (

@@ -18,6 +18,9 @@ from baton.engine.scheduler import Scheduler
 from baton.sampling_params import SamplingParams
 
 FAKE_TOKEN = 1  # what the fake sampler "draws" for every row that completes its prompt
+# Tests of mechanisms defined in arrival order (admission bypass, fan-out, preemption order)
+# name it: the production default is shortest_first with a 256-token prefill target.
+ARRIVAL_ORDER = {"policy": "fcfs", "prefill_target_tokens": 0}
 MAX_STEPS = 200  # a scheduler that stops making progress fails instead of hanging
 
 
@@ -156,7 +159,7 @@ def test_blocked_head_does_not_block_smaller_requests():
 def test_blocked_head_is_not_starved_after_max_bypass():
     """Without starvation: once the huge request has been passed by for max_bypass_s (0
     here), later small requests wait behind it; it runs as soon as the hog frees its blocks."""
-    s, reqs = _hog_then_huge_and_small(max_bypass_s=0.0)
+    s, reqs = _hog_then_huge_and_small(max_bypass_s=0.0, **ARRIVAL_ORDER)
     out = _step(s)
     assert _rows(out) == [("hog", 1)]  # small waits behind huge although it would fit
     assert list(s.waiting) == [reqs["huge"], reqs["small"]]
@@ -221,7 +224,7 @@ def test_prompts_that_cannot_both_fit_are_not_admitted_to_thrash():
 def test_whole_prompt_check_counts_cache_hits():
     """A long prompt whose prefix is cached needs blocks only for its uncached tail: it is
     admitted beside a running request although its whole length would not fit again."""
-    s = _scheduler(24, long_prefill_token_threshold=8, max_num_batched_tokens=16)
+    s = _scheduler(24, long_prefill_token_threshold=8, max_num_batched_tokens=16, **ARRIVAL_ORDER)
     turn1 = [3] + list(range(10, 65))  # 56 tokens: 14 blocks
     s.add(_req("t1", turn1, max_tokens=2))
     _drain(s)
@@ -293,7 +296,7 @@ def _fan_out() -> list[Request]:
 def test_requests_sharing_an_uncached_prefix_compute_it_once():
     """An agent's fan-out: prompts with one uncached 48-token prefix arrive together. The later
     ones wait one step and take the prefix as a cache hit instead of computing it again."""
-    s = _scheduler(64, block_size=16)
+    s = _scheduler(64, block_size=16, **ARRIVAL_ORDER)
     a, b, c = reqs = _fan_out()
     for r in reqs:
         s.add(r)
@@ -311,7 +314,7 @@ def test_requests_sharing_an_uncached_prefix_compute_it_once():
 
 
 def test_without_prefix_caching_the_fan_out_is_admitted_at_once():
-    s = _scheduler(64, block_size=16, prefix_caching=False)
+    s = _scheduler(64, block_size=16, prefix_caching=False, **ARRIVAL_ORDER)
     reqs = _fan_out()
     for r in reqs:
         s.add(r)
@@ -327,7 +330,7 @@ def test_preemption_takes_the_most_recently_admitted_request():
     """Three requests fill the pool; the first one's decode needs a block: the last admitted
     is preempted (blocks freed, PREEMPTED, front of the waiting queue) and no one is
     admitted in that step, although a block is free; it is later recomputed."""
-    s = _scheduler(6, long_prefill_token_threshold=0)
+    s = _scheduler(6, long_prefill_token_threshold=0, **ARRIVAL_ORDER)
     a = _req("a", [3] + list(range(10, 17)), max_tokens=2)  # 8 tokens: 2 full blocks
     b = _req("b", [4] + list(range(10, 16)), max_tokens=2)  # 7 tokens: its decode fits
     c = _req("c", [5] + list(range(10, 17)), max_tokens=2)
@@ -459,7 +462,7 @@ def test_cached_tokens_after_preemption_count_only_tokens_never_computed():
     """c's first admission hits x's block (4 tokens); preempted, that block is evicted before
     c comes back, so c recomputes all of it: none of its prompt went uncomputed."""
     from baton.engine.kv_source import KVSource
-    s = _scheduler(6, long_prefill_token_threshold=0)
+    s = _scheduler(6, long_prefill_token_threshold=0, **ARRIVAL_ORDER)
     s.add(_req("x", list(range(10, 15)), max_tokens=1))  # caches [10..13]
     _drain(s)
     a = _req("a", [3] + list(range(10, 17)), max_tokens=2)

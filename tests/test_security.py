@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from baton.cluster.plan import prefill_args as up_worker_args
-from baton.cluster.up import build_parser as up_parser
+from baton.cluster.flags import parse_up_args
 from baton.worker.flags import ServerConfig
 from decode_service.config import parse_args as decode_args
 from gateway.config import parse_args as gateway_args
@@ -34,7 +34,7 @@ def test_every_server_defaults_to_loopback():
     assert decode_args([]).server.host == "127.0.0.1"
     gw = gateway_args(["--decode", "127.0.0.1:50051"])
     assert gw.host == gw.grpc_host == "127.0.0.1"
-    up = up_parser().parse_args([])
+    up = parse_up_args([])
     worker = up_worker_args(up)
     assert up.host == "127.0.0.1" and worker[worker.index("--host") + 1] == "127.0.0.1"
 

@@ -9,20 +9,18 @@ from baton.bench.local import ServerSpec
 
 _D, _C = "disaggregated", "colocated"
 ROUTING_NUM_BLOCKS = 640
+# "disaggregated" and "colocated" are `baton up` and `baton up --mode colocated` with every
+# other flag at its default: what a user of the README gets is what is measured.
 CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
-    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session",
-                                 extra_args=("--pin", "share")), "colocated"),
-    "colocated": (ServerSpec("colocated", mode=_C, routing="session",
-                             extra_args=("--threads", "2")), None),
+    "disaggregated": (ServerSpec("disaggregated", mode=_D, routing="session"), "colocated"),
+    "colocated": (ServerSpec("colocated", mode=_C, routing="session"), None),
     "session": (ServerSpec("session", mode=_C, routing="session", num_decode=2), "round-robin"),
     "kv": (ServerSpec("kv", mode=_C, routing="kv", num_decode=2), "round-robin"),
     "round-robin": (ServerSpec("round-robin", mode=_C, routing="round-robin", num_decode=2), None),
-    "tiers": (ServerSpec("tiers", mode=_C, routing="session",
-                         extra_args=("--threads", "2")), "no-tiers"),
+    "tiers": (ServerSpec("tiers", mode=_C, routing="session"), "no-tiers"),
     "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
-                            extra_args=("--threads", "2")), None),
-    "admission": (ServerSpec("admission", mode=_D, routing="session",
-                             extra_args=("--pin", "share")), "disaggregated"),
+                            extra_args=("--kv-host-tier-fraction", "0")), None),
+    "admission": (ServerSpec("admission", mode=_D, routing="session"), "disaggregated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")

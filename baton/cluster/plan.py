@@ -1,28 +1,23 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
-CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its command line
-(`prefill_args`, `decode_args`, `gateway_args`), its environment (`child_env`) and the fixed
-ports it will bind (`fixed_ports`, checked free before anything starts).
+CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its KV pool and host tier
+(`kv_bytes_per_worker`, `host_tier_bytes_per_worker`), its command line (`prefill_args`,
+`decode_args`, `gateway_args`: the role flags given to `baton up`, then what `baton up`
+decides) and its environment (`child_env`, `gateway_env`).
 
-The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
-a service, so these are checked where services may be imported: tests/test_cluster_plan.py
-parses every argv built here with the role's own parser (a renamed flag fails it).
+The role flags are generated from the roles' configs (cluster/flags.py), so a child's command
+line always parses; tests/test_cluster_plan.py parses each with the role's own parser too.
 """
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
-from typing import NamedTuple
 
-from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes
+from baton.cluster.flags import role_argv
+from baton.dtypes import ELEMENT_BYTES, resolve_dtype
+from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes, cluster_share, weight_bytes
+from baton.gateway_config import API_KEY_ENV
 from baton.worker.cpu_share import create_share_file
-
-# `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
-_WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
-                 "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes",
-                 "kv_store_url", "kv_store_segment_bytes")
-_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s",
-                  "slo_ttft_ms")
 
 
 def cpu_plan(pin: str, mode: str, num_prefill: int, num_decode: int,
@@ -52,9 +47,6 @@ def cpu_share_plan(pin: str, log_dir: Path, names: list[str]) -> dict[str, list[
     return {n: ["--cpu-share", f"{path}:{i}"] for i, n in enumerate(names)}
 
 
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def kv_bytes_per_worker(a: argparse.Namespace, folder: Path, free_bytes: int | None) -> int | None:
     """The KV pool bytes each worker gets when neither --num-blocks nor
     --kv-cache-memory-bytes is given (None when one is): one budget, `--kv-memory-fraction`
@@ -66,60 +58,68 @@ def kv_bytes_per_worker(a: argparse.Namespace, folder: Path, free_bytes: int | N
         return None
     if free_bytes is None:
         return FALLBACK_BYTES
-    workers = a.num_decode + (a.num_prefill if a.mode == "disaggregated" else 0)
-    return cluster_kv_bytes(folder, free_bytes, workers, a.block_size or 16,
-                            _ELEMENT_BYTES[a.dtype or "float32"], a.max_model_len,
-                            a.kv_memory_fraction)
+    return cluster_kv_bytes(folder, free_bytes, _num_workers(a), a.block_size or 16,
+                            ELEMENT_BYTES[resolve_dtype(a.dtype or "auto", a.device or "cpu")],
+                            a.max_model_len, a.kv_memory_fraction)
 
 
-def _passed_on(a: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
-    out = []
-    for flag in flags:
-        value = vars(a)[flag]
-        if value is not None:
-            out += [f"--{flag.replace('_', '-')}", str(value)]
-    return out
+def host_tier_bytes_per_worker(a: argparse.Namespace, folder: Path,
+                               free_bytes: int | None) -> int | None:
+    """Each worker's host KV tier when --kv-host-tier-bytes is not given (None when it is,
+    or when --kv-host-tier-fraction is 0, or without /proc/meminfo): that fraction of
+    `free_bytes` less every worker's weights, split evenly — beside the pools' share, so
+    blocks a full pool evicts are loaded back, not recomputed, and a time-sliced decode is
+    swapped out rather than recomputed (baton/engine/time_slice.py)."""
+    if "kv_host_tier_bytes" in a.given or a.kv_host_tier_fraction == 0 or free_bytes is None \
+            or a.prefix_caching is False:
+        return None
+    return cluster_share(free_bytes, weight_bytes(folder), _num_workers(a),
+                         a.kv_host_tier_fraction)
+
+
+def _num_workers(a: argparse.Namespace) -> int:
+    return a.num_decode + (a.num_prefill if a.mode == "disaggregated" else 0)
+
+
+def set_role_flag(a: argparse.Namespace, dest: str, value) -> None:
+    """Give the children a role flag's value decided here (a KV budget, the store's URL) as
+    if it had been given to `baton up`."""
+    setattr(a, dest, value)
+    a.given[dest] = [f"--{dest.replace('_', '-')}", str(value)]
 
 
 def prefill_args(a: argparse.Namespace, port: int = 0) -> list[str]:
-    """A prefill worker's flags: loopback, on any free port at first start (port 0) and on
-    the port it had when restarted; its metrics on any free port too (the gateway's GET
-    /metrics/workers finds them through WorkerStats.metrics_port)."""
-    return ["--model", a.model, "--host", "127.0.0.1", "--port", str(port),
-            "--metrics-port", "0",
-            "--transport", a.transport, "--log-level", a.log_level, "--drain-seconds", "5",
-            *_passed_on(a, _WORKER_FLAGS)]
+    """A prefill worker's flags: the prefill flags given to `baton up`, then loopback on any
+    free port at first start (port 0) and on the port it had when restarted; its metrics on
+    any free port too (the gateway's GET /metrics/workers finds them through
+    WorkerStats.metrics_port)."""
+    return _worker_args(a, "prefill", port)
 
 
 def decode_args(a: argparse.Namespace, port: int = 0) -> list[str]:
-    """A decode worker's flags: a prefill worker's, and --min-remote-tokens and
-    --prefill-max-seconds when given."""
-    return prefill_args(a, port) + _passed_on(a, ("min_remote_tokens", "prefill_max_seconds"))
+    """A decode worker's flags: as prefill_args, with the decode flags given."""
+    return _worker_args(a, "decode", port)
+
+
+def _worker_args(a: argparse.Namespace, role: str, port: int) -> list[str]:
+    return [*role_argv(a, role), "--model", a.model, "--host", "127.0.0.1", "--port",
+            str(port), "--metrics-port", "0", "--log-level", a.log_level,
+            "--drain-seconds", "5"]
 
 
 def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
-    """The gateway's flags, with the workers' addresses (no prefill worker: colocated)."""
-    out = ["--model", a.model, "--host", a.host, "--port", str(a.port),
-           "--routing", a.routing, "--log-level", a.log_level, "--decode", ",".join(decode)]
-    out += ["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"]
-    return out + _passed_on(a, _GATEWAY_FLAGS)
+    """The gateway's flags: the gateway flags given to `baton up`, then the model, its HTTP
+    address, the workers' addresses (no prefill worker: colocated). Never the API key: it
+    goes in the gateway's environment (`gateway_env`), out of `ps`."""
+    out = [*role_argv(a, "gateway"), "--model", a.model, "--host", a.host, "--port",
+           str(a.port), "--log-level", a.log_level, "--decode", ",".join(decode)]
+    return out + (["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"])
 
 
-class FixedPort(NamedTuple):
-    """A port `baton up` was told to use: where it is bound, what it is, the flag that sets it."""
-
-    host: str
-    port: int
-    what: str
-    flag: str
-
-
-def fixed_ports(a: argparse.Namespace) -> list[FixedPort]:
-    """Every non-zero port a child will bind (workers bind port 0 on first start)."""
-    out = [FixedPort(a.host, a.port, "the gateway's HTTP port", "--port")]
-    if a.grpc_port is not None:  # the gateway's gRPC front binds its default 127.0.0.1
-        out.append(FixedPort("127.0.0.1", a.grpc_port, "the gateway's gRPC front", "--grpc-port"))
-    return [p for p in out if p.port != 0]
+def gateway_env(env: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """The gateway's environment: `env` with $BATON_API_KEY set to `baton up --api-key`
+    (when given; else whatever `env` holds), so the key never shows in `ps`."""
+    return env if api_key is None else {**env, API_KEY_ENV: api_key}
 
 
 def child_env(threads: int) -> dict[str, str]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -50,7 +51,7 @@ import urllib.request
 from pathlib import Path
 
 from baton.cluster.child import Child
-from baton.cluster.flags import backoff, bad_flags, build_parser, port_taken
+from baton.cluster.flags import backoff, bad_flags, parse_up_args, port_taken
 from baton.cluster.kv_master import start_master, stop_master
 from baton.cluster.plan import (
     child_env,
@@ -58,11 +59,16 @@ from baton.cluster.plan import (
     cpu_share_plan,
     decode_args,
     gateway_args,
+    gateway_env,
+    host_tier_bytes_per_worker,
     kv_bytes_per_worker,
     prefill_args,
+    set_role_flag,
 )
-from baton.engine.kv_budget import read_mem_available
 from baton.cluster.supervise import Supervisor, describe_exit
+from baton.engine.kv_budget import read_mem_available
+from baton.dtypes import resolve_dtype
+from baton.gateway_config import API_KEY_ENV, default_served_name
 from baton.roles import ROLE_MODULES
 
 
@@ -111,9 +117,12 @@ class Cluster:
                cpus: frozenset[int] | None = None) -> Child:
         argv = [sys.executable, "-m", ROLE_MODULES[role], *args, *self.share.get(name, [])]
         child = Child(name, argv, self.log_dir / f"{name}.log", cpus)
-        child.start(self.env)
+        child.start(self._env(role))
         self.roles[name] = role
         return child
+
+    def _env(self, role: str) -> dict[str, str]:
+        return gateway_env(self.env, self.a.api_key) if role == "gateway" else self.env
 
     def restart(self, old: Child) -> Child:
         """Start a dead child again with its flags, on the port it had (a worker) or its
@@ -124,7 +133,7 @@ class Cluster:
             *(prefill_args if role == "prefill" else decode_args)(self.a, old.port),
             *self.share.get(old.name, [])]
         new = Child(old.name, argv, old.log_path, old.cpus, port=old.port)
-        new.start(self.env)
+        new.start(self._env(role))
         self.prefill = [new if c is old else c for c in self.prefill]
         self.decode = [new if c is old else c for c in self.decode]
         if self.gateway is old:
@@ -138,10 +147,10 @@ class Cluster:
         self.share = cpu_share_plan(a.pin, self.log_dir, list(self.cpus))
         if a.kv_store == "mooncake" and a.kv_store_url is None:
             try:
-                self.kv_master, a.kv_store_url = start_master(self.log_dir / "kv-store.log",
-                                                              self.env)
+                self.kv_master, url = start_master(self.log_dir / "kv-store.log", self.env)
             except RuntimeError as e:
                 raise StartupError(str(e)) from None
+            set_role_flag(a, "kv_store_url", url)
         if a.mode == "disaggregated":
             self.prefill = [self._child(f"prefill-{i}", "prefill", prefill_args(a),
                                         self.cpus[f"prefill-{i}"])
@@ -214,11 +223,17 @@ class Cluster:
 def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
     url = f"http://{host}:{a.port}"
-    body = json.dumps({"model": a.model, "messages": [{"role": "user", "content": "Hello!"}],
+    model = a.served_model_name or default_served_name(a.model)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 32})
-    auth = f" -H {shlex.quote('Authorization: Bearer ' + a.api_key)}" if a.api_key else ""
+    # the key itself is never printed: the line names the variable that holds it
+    keyed = a.api_key or os.environ.get(API_KEY_ENV)
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
+    dtype = resolve_dtype(a.dtype or "auto", a.device or "cpu")
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
-        f"{len(cluster.decode)} decode worker(s), routing {a.routing}, transport {a.transport}"
+        f"{len(cluster.decode)} decode worker(s), {dtype}" + \
+        (" (--dtype auto)" if a.dtype in (None, "auto") else "") + \
+        f", routing {a.routing}, transport {a.transport}, pin {a.pin}"
     if a.kv_store_url:
         roles += f", KV store {a.kv_store_url}"
     pins = {n: sorted(c) for n, c in cluster.cpus.items() if c}
@@ -252,9 +267,24 @@ def _serve(a: argparse.Namespace, cluster: Cluster) -> int:
     return 0
 
 
+def _size_kv(a: argparse.Namespace, folder: Path) -> None:
+    """Each worker's KV pool and host tier from the memory free now, unless given."""
+    free = read_mem_available()
+    pool = kv_bytes_per_worker(a, folder, free)
+    if pool is not None:
+        set_role_flag(a, "kv_cache_memory_bytes", pool)
+        print(f"[baton up] KV pool per worker: {pool / 2**20:.0f} MiB "
+              f"({a.kv_memory_fraction:g} of the memory free, split evenly)", flush=True)
+    tier = host_tier_bytes_per_worker(a, folder, free)
+    if tier:
+        set_role_flag(a, "kv_host_tier_bytes", tier)
+        print(f"[baton up] host KV tier per worker: {tier / 2**20:.0f} MiB "
+              f"({a.kv_host_tier_fraction:g} of the memory free, split evenly)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`baton up ARGS`; returns the exit status (see the module docstring)."""
-    a = build_parser().parse_args(argv)
+    a = parse_up_args(argv)
     if (bad := bad_flags(a)) is not None:
         print(f"baton up: {bad}", file=sys.stderr)
         return 2
@@ -264,14 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from baton.models.registry import resolve_model
         folder = resolve_model(a.model)  # convert once here, before the workers race to it
-        share = kv_bytes_per_worker(a, folder, read_mem_available())
-    except ValueError as e:  # KVBudgetError included
+        _size_kv(a, folder)
+    except ValueError as e:  # KVBudgetError and an unknown model included
         print(f"baton up: {e}", file=sys.stderr)
         return 1
-    if share is not None:
-        a.kv_cache_memory_bytes = share
-        print(f"[baton up] KV pool per worker: {share / 2**20:.0f} MiB "
-              f"({a.kv_memory_fraction:g} of the memory free, split evenly)", flush=True)
+    if (bad := bad_flags(a, {"prefill": prefill_args(a), "decode": decode_args(a),
+                             "gateway": gateway_args(a, ["127.0.0.1:1"], [])})) is not None:
+        print(f"baton up: {bad}", file=sys.stderr)
+        return 2
     log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(a, log_dir)

@@ -209,5 +209,14 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
         return _check_folder(path.resolve())
     raise ModelNotFoundError(
         f"unknown model {model!r}: expected a registered name ({', '.join(REGISTRY)}) "
-        "or a folder with config.json, *.safetensors and a tokenizer"
-    )
+        "or a folder with config.json, *.safetensors and a tokenizer" + _hub_hint(model))
+
+
+def _hub_hint(model: str) -> str:
+    """For what looks like a Hugging Face hub id (owner/name, no such folder here): how to
+    get a local folder, since Baton never downloads a model itself."""
+    owner, _, name = model.partition("/")
+    if not owner or not name or "/" in name or model.startswith((".", "~")):
+        return ""
+    return (f". Baton loads no model from a hub; download it first, e.g. `hf download {model}"
+            f" --local-dir ./{name}` (huggingface_hub), then pass --model ./{name}")

@@ -33,6 +33,7 @@ from baton.worker.cpu_share import CpuShare
 from baton.transfer import kv_layout
 from baton.worker.async_engine import AsyncEngine
 from baton.worker.flags import RoleConfig, ServerConfig, served_model_name
+from baton.models.registry import ModelNotFoundError, UnsupportedModelError
 from baton.worker.process import StartFailed
 from baton.worker.stats_rpc import StatsRpc
 from protos import common_pb2
@@ -87,7 +88,8 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
     threads = set_torch_threads(config.server.num_threads)
     try:
         engine = LLMEngine(config.engine)
-    except KVBudgetError as e:  # the default pool does not fit: say so and exit 1
+    except (KVBudgetError, ModelNotFoundError, UnsupportedModelError) as e:
+        # the default pool does not fit, or no such model: one line, exit 1
         print(f"{role} worker: {e}", file=sys.stderr, flush=True)
         raise StartFailed(str(e)) from None
     ae = AsyncEngine(engine)
@@ -108,10 +110,10 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
                                            rt.parts.registry)
     if rt.parts.stats is not None:
         rt.parts.stats.metrics_port = rt.metrics_port or 0
-    logger.info("%s worker serving", role, extra={"address": address,
-                                                  "transport": config.transport,
-                                                  "num_blocks": engine.num_blocks,
-                                                  "threads": threads})
+    logger.info("%s worker serving in %s (--dtype %s) on %s", role,
+                config.engine.resolved_dtype, config.engine.dtype, config.engine.device,
+                extra={"address": address, "transport": config.transport,
+                       "num_blocks": engine.num_blocks, "threads": threads})
     return rt
 
 

@@ -53,6 +53,9 @@ class _Exits(ServerSpec):
         return [sys.executable, "-c", "raise SystemExit(3)"]
 
 
+_D = "disaggregated"
+
+
 def test_server_that_exits_is_an_error(tmp_path):
     with pytest.raises(ServerStartError, match="exited with 3"):
         with running_server(_Exits("broken"), "m", tmp_path / "log", timeout_s=20):
@@ -69,26 +72,28 @@ def test_compare_routing_configs_are_colocated_pinned_and_bounded():
         assert argv[argv.index("--pin") + 1] == "split"
     four = spec_for("round-robin", 512, routing_workers=4).argv("m", 1)
     assert four[four.index("--num-decode") + 1] == "4"
-    for name in ("disaggregated", "admission"):  # the pair differs only in the SLO
-        disagg = spec_for(name).argv("m", 1)
-        assert disagg[disagg.index("--pin") + 1] == "share"  # idle cores lent per step
-    coloc = spec_for("colocated").argv("m", 1)
-    assert "--pin" not in coloc and coloc[coloc.index("--threads") + 1] == "2"
+    for name in ("disaggregated", "colocated"):  # the README's `baton up`, nothing added
+        argv = spec_for(name).argv("m", 1)
+        assert argv[argv.index("up") + 1:] == ["--model", "m", "--port", "1", "--mode", name,
+                                               "--routing", "session", "--num-decode", "1",
+                                               *(["--num-prefill", "1"] if name == _D else [])]
+    assert spec_for("admission").argv("m", 1)[:-2] == spec_for(_D).argv("m", 1)
 
 
 def test_compare_tier_pair_differs_only_in_the_host_tier():
     """tiers vs no-tiers: the same worker and small pool; only "tiers" has a host tier, and
     `baton up` parses both command lines (the flags reach the worker)."""
     from baton.bench.compare import spec_for
-    from baton.cluster.up import build_parser
+    from baton.cluster.flags import parse_up_args
     with_tier = spec_for("tiers", tier_num_blocks=200, tier_host_bytes=1 << 20).argv("m", 1)
     without = spec_for("no-tiers", tier_num_blocks=200).argv("m", 1)
     for argv in (with_tier, without):
         assert argv[argv.index("--num-blocks") + 1] == "200"
         assert argv[argv.index("--mode") + 1] == "colocated"
     assert with_tier[with_tier.index("--kv-host-tier-bytes") + 1] == str(1 << 20)
-    assert "--kv-host-tier-bytes" not in without
-    up = build_parser().parse_args(with_tier[with_tier.index("up") + 1:])
+    assert "--kv-host-tier-bytes" not in without  # and no tier sized from free memory:
+    assert without[without.index("--kv-host-tier-fraction") + 1] == "0"
+    up = parse_up_args(with_tier[with_tier.index("up") + 1:])
     assert (up.kv_host_tier_bytes, up.num_blocks) == (1 << 20, 200)
 
 
@@ -96,10 +101,10 @@ def test_compare_admission_is_disaggregated_with_the_bench_slo():
     """"admission" = "disaggregated" plus the gateway's TTFT SLO, set from the bench's own
     --slo-ttft (seconds → ms), so goodput judges requests by the SLO admission predicts."""
     from baton.bench.compare import spec_for
-    from baton.cluster.up import build_parser
+    from baton.cluster.flags import parse_up_args
     adm = spec_for("admission", slo_ttft_s=1.5).argv("m", 1)
     base = spec_for("disaggregated").argv("m", 1)
     assert adm[adm.index("--slo-ttft-ms") + 1] == "1500"
     assert [a for a in adm if a not in ("--slo-ttft-ms", "1500")] == base
-    up = build_parser().parse_args(adm[adm.index("up") + 1:])
+    up = parse_up_args(adm[adm.index("up") + 1:])
     assert up.slo_ttft_ms == 1500.0
