@@ -58,7 +58,7 @@ class DecodeMetrics:
                                           buckets=_SECONDS, registry=r)
         self.pd_decisions = Counter("baton_decode_pd_decisions",
                                     "Local / remote prefill decisions (decode_service/"
-                                    "pd_decider.py) by path and reason", ["path", "reason"],
+                                    "baton/pd_cost.py) by path and reason", ["path", "reason"],
                                     registry=r)
         self.pd_rates = Gauge("baton_decode_pd_learned_rate", "The P/D decider's learned "
                               "rates (EWMA)", ["kind"], registry=r)

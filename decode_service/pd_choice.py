@@ -1,11 +1,13 @@
-"""The P/D decider's glue on the decode worker: its inputs, its metrics, its learning.
+"""The P/D cost model's glue on the decode worker: its inputs, its metrics, its learning.
 
     DecodeSequence._add (event loop):
-      choice = PDChooser.choice(peer, min_remote_tokens)    the prefill queue estimate now
-      engine.call(rkv.add(..., go_remote=choice.go_remote(engine)))
+      pd = PDChooser.request(peer, min_remote_tokens)    data: the prefill queue estimate
+                                                         now, the learned rates, the policy
+      engine.call(rkv.add(..., pd=pd))
           engine thread: decode's own prefix hit (RemoteKV.add), running batch and local
-          prefill queue (EngineStats) → PDState → decide() → local / remote
-      PDChooser.record(choice, planned)     baton_decode_pd_decisions_total{path, reason}
+          prefill queue (EngineStats) → PDState → baton/pd_cost.decide() → local / remote;
+          the decision comes back with the plan (data, no callback across threads)
+      PDChooser.record(decision, planned)   baton_decode_pd_decisions_total{path, reason}
     first token of a local prefill → observe_local; a remote prefill's answer →
     observe_remote (compute_seconds) and observe_transfer (bytes / transfer + arrival time)
 
@@ -21,39 +23,19 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from baton.engine.remote_kv import PDRequest
+from baton.pd_cost import PDDecision, PDPolicy
 from baton.transfer import block_bytes
-from decode_service.pd_decider import PDDecision, PDEstimator, PDPolicy, PDRates, PDState, decide
+from decode_service.pd_rates import PDEstimator
 from decode_service.peers import PrefillPeer, PrefillPeers
 
 if TYPE_CHECKING:
-    from baton.engine.llm_engine import LLMEngine
     from baton.engine.request import Request
     from decode_service.metrics import DecodeMetrics
 
 log = logging.getLogger(__name__)
 
 STATS_MAX_AGE_S = 0.5
-
-
-class PDChoice:
-    """One request's decision; its engine-thread half fills `decision`."""
-
-    def __init__(self, queue_tokens: int, rates: PDRates, policy: PDPolicy,
-                 block_size: int, block_bytes_: int) -> None:
-        self.queue_tokens, self.rates, self.policy = queue_tokens, rates, policy
-        self.block_size, self.block_bytes = block_size, block_bytes_
-        self.decision: PDDecision | None = None
-
-    def go_remote(self, engine: LLMEngine):
-        """RemoteKV.add's `go_remote` callback (engine thread)."""
-        def choose(num_prompt_tokens: int, num_cached_tokens: int) -> bool:
-            stats = engine.stats()
-            state = PDState(num_prompt_tokens, num_cached_tokens, stats.counts.num_running,
-                            stats.num_waiting_tokens, self.queue_tokens, self.block_size,
-                            self.block_bytes)
-            self.decision = decide(state, self.rates, self.policy)
-            return self.decision.remote
-        return choose
 
 
 class PDChooser:
@@ -65,16 +47,16 @@ class PDChooser:
                  stats_timeout_s: float, idle_budget_s: float = 0.25) -> None:
         self.peers, self.metrics, self.stats_timeout_s = peers, metrics, stats_timeout_s
         self.policy = PDPolicy(itl_budget_s=itl_budget_s, idle_budget_s=idle_budget_s)
-        self.block_size = peers.layout.block_size
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()
 
-    def choice(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDChoice:
-        """min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
+    def request(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDRequest:
+        """The event loop's half of a decision (RemoteKV.add makes it on the engine thread).
+        min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
         policy = self.policy if min_remote_tokens is None else \
             dataclasses.replace(self.policy, min_remote_tokens=min_remote_tokens)
-        return PDChoice(self.prefill_queue(peer), self.estimator.rates(), policy,
-                        self.block_size, self.block_bytes)
+        return PDRequest(self.prefill_queue(peer), self.estimator.rates(), policy,
+                         self.block_bytes)
 
     def prefill_queue(self, peer: PrefillPeer) -> int:
         """The peer's num_waiting_tokens now: its last answer, less what it computed since."""
@@ -86,16 +68,16 @@ class PDChooser:
         drained = (now - load.at) * self.estimator.remote.value
         return max(0, int(load.num_waiting_tokens - drained))
 
-    def record(self, choice: PDChoice, planned: bool, request_id: str) -> None:
+    def record(self, pd: PDRequest, d: PDDecision | None, planned: bool,
+               request_id: str) -> None:
         """Count the decision (reason "no_room": remote chosen, the pool had no room now)."""
-        d = choice.decision
         if d is None:
             return
         reason = d.reason if planned == d.remote else "no_room"
         self.metrics.pd_decisions.labels("remote" if planned else "local", reason).inc()
         log.debug("P/D %s (%s): local %.4f s, remote %.4f s, stall %.4f s, prefill queue %d "
                   "tokens", d.path, reason, d.local_s, d.remote_s, d.stall_s,
-                  choice.queue_tokens, extra={"request_id": request_id})
+                  pd.prefill_waiting_tokens, extra={"request_id": request_id})
 
     def observe_local(self, req: Request | None) -> None:
         """A local prefill gave its first token: uncached tokens / time since scheduled."""

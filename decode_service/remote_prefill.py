@@ -2,8 +2,9 @@
 
     plan, _ = RemoteKV.add(...)               blocks allocated, WAITING_FOR_REMOTE_KV
     RemotePrefill(plan).run():
-      1. receiver.expect(transfer_id, plan.dst_block_ids)
-      2. Prefill(prompt, num_cached_on_decode, dst_block_ids, endpoint) ─▶ prefill worker,
+      1. receiver.expect(transfer_id, plan.dst_block_ids, src_block_ids=plan.src_block_ids)
+      2. Prefill(prompt, num_cached_on_decode, src_block_ids, dst_block_ids, endpoint)
+         ─▶ prefill worker (it reads the src blocks it lacks instead of computing them),
          raced against the request's abort event and a progress watchdog: it is given up
          when the prefill worker's engine runs no step (GetStats `num_steps`) for
          prefill_timeout_seconds, however long its queue; prefill_max_seconds caps the call
@@ -112,10 +113,12 @@ class RemotePrefill:
         cfg, plan = self.config, self.plan
         timeout = cfg.prefill_max_seconds
         self.receiver.expect(self.transfer_id, plan.dst_block_ids,
-                             timeout_s=timeout + cfg.kv_wait_seconds)
+                             timeout_s=timeout + cfg.kv_wait_seconds,
+                             src_block_ids=plan.src_block_ids)
         request = prefill_pb2.PrefillRequest(
             request_id=self.rid, prompt_token_ids=self.prompt, sampling_params=self.params,
             num_cached_on_decode=plan.num_cached_tokens, dst_block_ids=plan.dst_block_ids,
+            src_block_ids=plan.src_block_ids,
             transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
             timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch, **hint_fields(self.session))
         deadline = time.monotonic() + timeout

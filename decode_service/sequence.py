@@ -149,11 +149,10 @@ class DecodeSequence:
             self.engine_request = await self.engine.call(
                 lambda e: e.add_request(rid, prompt, params, self.session))
             return None
-        choice = self.ctx.pd.choice(peer, min_remote_tokens)
-        plan, self.engine_request = await self.engine.call(
-            lambda e: rkv.add(rid, prompt, params, go_remote=choice.go_remote(e),
-                              session=self.session))
-        self.ctx.pd.record(choice, plan is not None, rid)
+        pd = self.ctx.pd.request(peer, min_remote_tokens)
+        plan, self.engine_request, decision = await self.engine.call(
+            lambda e: rkv.add(rid, prompt, params, pd=pd, session=self.session))
+        self.ctx.pd.record(pd, decision, plan is not None, rid)
         return plan
 
     def end_unadmitted(self, reason: str, error: str | None) -> None:

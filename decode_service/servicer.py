@@ -24,7 +24,14 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
     def __init__(self, worker: DecodeWorker, layout: common_pb2.KVLayout,
                  worker_id: str) -> None:
         self.worker = worker
-        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_DECODE, worker_id, layout)
+        c = worker.config
+        policy = common_pb2.PDPolicyInfo(itl_budget_ms=c.local_prefill_itl_budget_ms,
+                                         idle_budget_ms=c.local_prefill_idle_budget_ms,
+                                         min_remote_tokens=c.min_remote_tokens or 0)
+        settings = common_pb2.WorkerStats(
+            prefill_target_tokens=c.engine.scheduler.prefill_target_tokens, pd_policy=policy)
+        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_DECODE, worker_id, layout,
+                              settings=settings)
 
     async def Generate(self, request, context):
         sent = False

@@ -6,7 +6,7 @@
       2. choose where to prefill: LOCAL mode or no prefill worker → here; otherwise handshake
          with the prefill worker (cached per address; a layout mismatch is FAILED_PRECONDITION
          naming the field; unreachable → prefill here, or UNAVAILABLE under `fail`)
-      3. sequence 0: admit (local or remote, as the cost-based decider says: pd_decider.py;
+      3. sequence 0: admit (local or remote, as the cost model says: baton/pd_cost.py;
          REMOTE mode or --min-remote-tokens: a fixed threshold; see sequence.py);
          sequences 1..n-1 are then admitted locally and hit the prompt blocks sequence 0
          just put in the prefix cache (or end at once with its error)

@@ -11,18 +11,17 @@ join, instead of being prefilled (using prefill and transfer capacity) and then 
       own      = uncached tokens of the requests this gateway admitted to that worker that
                  have no first token yet (one entry each)
       ahead    = Σ own entries ≤ u                 workers run prefill shortest first
-                 + min(CHUNK_TOKENS, largest own entry > u)   a longer prompt's chunk may be
-                                                              in the step in flight
+                 + min(chunk, largest own entry > u)   a longer prompt's chunk may be in the
+                                                       step in flight (chunk: the worker's
+                                                       --prefill-target-tokens, WorkerStats)
                  + max(0, worker's num_waiting_tokens, aged − Σ own)   others' work
       rate     = the worker's prefill_tokens_per_s (WorkerStats: measured per step on the
                  worker, prefill_rate.py), PRIOR_TOKENS_PER_S until it has one
       TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
-    TTFT = the path the decode worker's P/D decider (decode_service/pd_decider.py) takes:
-      the prefill worker when decode is running sequences and a local prefill of u would
-      stall them past ITL_BUDGET_S (its default --local-prefill-itl-budget-ms); with decode
-      idle, the faster path up to IDLE_BUDGET_S (--local-prefill-idle-budget-ms), past it
-      the prefill worker unless that costs this request more than the local stall (the
-      prefill worker saturated); else the faster path.
+    TTFT = the path the decode worker's P/D cost model (baton/pd_cost.py `choose`) takes,
+      with the policy that worker publishes in WorkerStats (its ITL and idle budgets, or its
+      fixed --min-remote-tokens): its rules on these predictions (stall = idle(decode),
+      local = TTFT(decode), remote = TTFT(prefill)).
       TTFT ≤ SLO                                   → admit
       TTFT > SLO, idle ≤ SLO (the queue is why)    → 429 slo_unattainable,
                                                      Retry-After = TTFT − SLO
@@ -50,24 +49,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from baton.pd_cost import PDCosts, PDPolicy, choose
 from gateway.errors import GatewayError
 
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
-CHUNK_TOKENS = 256           # workers' default --prefill-target-tokens: one step's prefill
-ITL_BUDGET_S = 0.05          # decode workers' default --local-prefill-itl-budget-ms
-IDLE_BUDGET_S = 0.25         # decode workers' default --local-prefill-idle-budget-ms
+DEFAULT_CHUNK_TOKENS = 256   # a worker that reported no --prefill-target-tokens yet
 
 
 @dataclass(frozen=True)
 class PathQueue:
     """One worker a request may prefill on: its address, queued prompt tokens by its stats
-    (aged; 0 when stale or missing), its measured prefill tokens/s (0 = not measured) and
-    its running sequences (0 when stale or missing)."""
+    (aged; 0 when stale or missing), its measured prefill tokens/s (0 = not measured), its
+    running sequences (0 when stale or missing), the prompt tokens one of its steps starts
+    (its --prefill-target-tokens; 0 = a whole prompt) and, for a decode worker, the P/D
+    policy it published (the decode worker's defaults until it has)."""
 
     address: str
     waiting_tokens: int
     tokens_per_s: float = 0.0
     num_running: int = 0
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    policy: PDPolicy = field(default_factory=PDPolicy)
 
 
 @dataclass(frozen=True)
@@ -108,21 +110,21 @@ class SLOAdmission:
         own = self._pending.get(path.address, [])
         shorter = sum(n for n in own if n <= uncached)
         longer = max((n for n in own if n > uncached), default=0)
-        ahead = shorter + min(CHUNK_TOKENS, longer) + max(0, path.waiting_tokens - sum(own))
+        chunk = path.chunk_tokens or longer
+        ahead = shorter + min(chunk, longer) + max(0, path.waiting_tokens - sum(own))
         rate = path.tokens_per_s if path.tokens_per_s > 0 else self.prior_tokens_per_s
         return Prediction(path.address, (ahead + uncached) / rate, uncached / rate, ahead,
                           rate)
 
-    def choose(self, preds: list[Prediction], decode: PathQueue) -> Prediction:
-        """The path the P/D decider takes (module docstring); preds[0] is decode's own."""
-        if len(preds) > 1 and preds[0].idle_seconds > ITL_BUDGET_S:
-            local, remote = preds[0], preds[1]
-            if decode.num_running > 0:
-                return remote
-            if local.idle_seconds > IDLE_BUDGET_S:
-                saturated = remote.seconds - local.seconds > local.idle_seconds
-                return local if saturated else remote
-        return min(preds, key=lambda p: p.seconds)
+    def choose(self, preds: list[Prediction], decode: PathQueue, uncached: int) -> Prediction:
+        """The path decode's cost model takes (module docstring); preds[0] is decode's own,
+        preds[1] (when allowed) the prefill worker's."""
+        if len(preds) < 2:
+            return preds[0]
+        local, remote = preds[0], preds[1]
+        go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds,
+                                      remote.seconds), decode.num_running, decode.policy)
+        return remote if go_remote else local
 
     def admit(self, uncached: int, allowed: list[PathQueue]) -> Ticket:
         """A Ticket (its tokens now pending on every allowed path until `release`), or
@@ -130,7 +132,7 @@ class SLOAdmission:
         unattainable. `allowed`: the decode worker's path first (when allowed), then the
         prefill worker's; at least one."""
         preds = [self.predict(uncached, p) for p in allowed]
-        chosen = self.choose(preds, allowed[0])
+        chosen = self.choose(preds, allowed[0], uncached)
         if chosen.seconds > self.slo_ttft_s:
             too_long = min(p.idle_seconds for p in preds) > self.slo_ttft_s
             busy = [p for p in preds if p.ahead > 0]

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from baton.grpc_options import CHANNEL_OPTIONS as BASE_CHANNEL_OPTIONS, with_options
+from baton.pd_cost import PDPolicy
 from gateway.admission import PathQueue
 from gateway.config import GatewayConfig, split_host_port
 from gateway.router import WorkerView
@@ -173,20 +174,34 @@ class WorkerPool:
                 return w.stats.kv_layout.block_size
         return None
 
+    def kv_dtypes(self) -> dict[str, str]:
+        """Worker address → the dtype of its KV (and weights): "float32", "bfloat16" or
+        "float16", for the workers that reported stats."""
+        return {w.address: common_pb2.KVDType.Name(w.stats.kv_layout.dtype)
+                .removeprefix("KV_DTYPE_").lower()
+                for role in (DECODE, PREFILL) for w in self.workers[role].values()
+                if w.stats is not None and w.stats.kv_layout.dtype}
+
     def path_queue(self, role: str, address: str) -> PathQueue:
         """A worker's queue for SLO admission (gateway/admission.py): its prompt tokens
         queued by its fresh stats, less what its measured rate has computed since (0 when
-        stale, missing or unknown), that rate (the last one reported, 0 = none) and its running
-        sequences."""
+        stale, missing or unknown), that rate (the last one reported, 0 = none), its running
+        sequences, and what it runs with (its prefill chunk, a decode worker's P/D policy)."""
         w = self.workers[role].get(address)
         if w is None or w.stats is None:
             return PathQueue(address, 0)
-        rate = w.stats.prefill_tokens_per_s
+        st = w.stats
+        settings = dict(chunk_tokens=st.prefill_target_tokens)
+        if st.HasField("pd_policy"):
+            p = st.pd_policy
+            settings["policy"] = PDPolicy.from_stats(p.itl_budget_ms, p.idle_budget_ms,
+                                                     p.min_remote_tokens)
+        rate = st.prefill_tokens_per_s
         age = time.monotonic() - w.stats_at
         if age > self.config.router.stale_after_s:
-            return PathQueue(address, 0, rate)
-        return PathQueue(address, max(0, int(w.stats.num_waiting_tokens - rate * age)), rate,
-                         w.stats.num_running)
+            return PathQueue(address, 0, rate, **settings)
+        return PathQueue(address, max(0, int(st.num_waiting_tokens - rate * age)), rate,
+                         st.num_running, **settings)
 
     def mark_failed(self, role: str, address: str, error: str) -> None:
         w = self.workers[role].get(address)

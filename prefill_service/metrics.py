@@ -32,6 +32,9 @@ class PrefillMetrics:
                                        "Prompt tokens computed", registry=r)
         self.cache_hit_tokens = Counter("baton_prefill_cache_hit_tokens",
                                         "Prompt tokens found in the prefix cache", registry=r)
+        self.pulled_tokens = Counter("baton_prefill_pulled_tokens",
+                                     "Prompt tokens read from the decode worker's pool "
+                                     "instead of computed (kv_pull.py)", registry=r)
         self.transferred_blocks = Counter("baton_kv_transferred_blocks",
                                           "KV blocks sent to decode workers", registry=r)
         self.transferred_bytes = Counter("baton_kv_transferred_bytes",

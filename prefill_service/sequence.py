@@ -56,6 +56,8 @@ class PrefillSequence:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[prefill_pb2.PrefillResponse] | None = None
     stream: KVStream | None = None  # its transfer, while streamed per chunk (kv_stream.py)
+    pulled_tokens: int = 0  # prompt tokens read from the decode worker (kv_pull.py)
+    pulled_blocks: int = 0
 
     @property
     def request_id(self) -> str:

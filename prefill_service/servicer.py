@@ -31,7 +31,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServiceServicer):
         self.worker, self.layout, self.worker_id = worker, layout, worker_id
         self.layout_hash = kv_layout_hash(layout)
         self.transport = TRANSPORT_KINDS[transport]
-        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_PREFILL, worker_id, layout)
+        settings = common_pb2.WorkerStats(
+            prefill_target_tokens=worker.config.engine.scheduler.prefill_target_tokens)
+        self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_PREFILL, worker_id, layout,
+                              settings=settings)
 
     async def Handshake(self, request: prefill_pb2.HandshakeRequest, context):
         resp = prefill_pb2.HandshakeResponse(

@@ -5,7 +5,10 @@
          lease.py) answers ABORTED, an endpoint with another layout hash answers LAYOUT_MISMATCH
       2. PREFILLING: holds.add(max_tokens=1): BlockHolds keeps its blocks when it finishes: the
          engine's scheduler batches and chunks it with other prompts and reuses its prefix
-         cache; the first token is sampled with the request's SamplingParams
+         cache; the first token is sampled with the request's SamplingParams. What the
+         decode worker holds (src_block_ids) beyond this engine's own hit is first read from
+         the decode worker's kv_cache into the request's blocks (kv_pull.py), never
+         recomputed; a pull that fails is computed instead
       3. SENDING_KV: held blocks [num_cached_on_decode / block_size, ...) go into the decode
          worker's dst_block_ids over the transport; wait for DONE (bounded by the deadline).
          With per-chunk sends (kv_stream.py; NIXL, gRPC, in-process) the transfer began in 2: each
@@ -34,7 +37,7 @@ from typing import NamedTuple
 
 import grpc
 
-from baton.engine.block_holds import BlockHolds
+from baton.engine.block_holds import BlockHolds, PrefixPull
 from baton.engine.request import Request
 from baton.outputs import StepOutput
 from baton.session_hints import hint_from_proto
@@ -44,6 +47,7 @@ from baton.worker.validate import check_request
 from baton.transfer import KVLayoutError, KVSender, TransferState
 from baton.worker.wire import cached_spans_to_proto, logprob_to_proto, sampling_params_from_proto
 from prefill_service.config import PrefillConfig
+from prefill_service.kv_pull import pull_prefix
 from prefill_service.kv_stream import KVStream, KVStreams
 from prefill_service.lease import Leases
 from prefill_service.metrics import PrefillMetrics
@@ -145,6 +149,9 @@ class PrefillWorker:
         want = -(-n // bs) - cached // bs
         if len(req.dst_block_ids) != want:
             raise ValueError(f"{len(req.dst_block_ids)} dst_block_ids for {want} blocks")
+        if req.src_block_ids and len(req.src_block_ids) != cached // bs:
+            raise ValueError(f"{len(req.src_block_ids)} src_block_ids for "
+                             f"{cached // bs} blocks held by the decode worker")
         kind = req.endpoint.WhichOneof("transport")
         if kind != self.sender.transport:
             raise ValueError(f"endpoint transport {kind!r}; this worker sends over "
@@ -182,7 +189,10 @@ class PrefillWorker:
         params = sampling_params_from_proto(req.sampling_params, n=1, max_tokens=1, min_tokens=0)
         q = self.ae.open_stream(rid)
         try:
-            engine_req = await self.ae.call(lambda eng: self._add(seq, params))
+            engine_req, pull = await self.ae.call(lambda eng: self._add(seq, params))
+            if pull is not None:
+                ok = await pull_prefix(self.sender, seq, pull)
+                await self.ae.call(lambda eng: self.holds.pulled(rid, pull, ok))
             out = await seq.until(q.get())
         except PrefillEnded:
             await self.ae.call(lambda eng: self.holds.abort(rid))  # held blocks included
@@ -195,9 +205,10 @@ class PrefillWorker:
                                out.error or f"prefill ended {out.finish_reason}")
         return _FirstToken(out, engine_req, time.monotonic())
 
-    def _add(self, seq: PrefillSequence, params) -> Request:
+    def _add(self, seq: PrefillSequence, params) -> tuple[Request, PrefixPull | None]:
         """Engine thread: begin the streamed transfer (when per-chunk sends are on and the
-        sender takes it), then queue the prompt. ValueError like `BlockHolds.add`."""
+        sender takes it), then queue the prompt (or have it wait for a pull of what the
+        decode worker holds). ValueError like `BlockHolds.add`."""
         req, rid = seq.request, seq.request_id
         if self.streams is not None:
             stream = KVStream(rid, req.transfer_id, req.num_cached_on_decode // self.block_size,
@@ -205,8 +216,11 @@ class PrefillWorker:
             budget = max(0.001, seq.deadline - time.monotonic())
             seq.stream = stream if self.streams.open(stream, req.endpoint, budget) else None
         try:
-            return self.holds.add(rid, list(req.prompt_token_ids), params,
-                                  hint_from_proto(req))
+            if not req.src_block_ids:
+                return self.holds.add(rid, list(req.prompt_token_ids), params,
+                                      hint_from_proto(req)), None
+            return self.holds.add_pulling(rid, list(req.prompt_token_ids), params,
+                                          hint_from_proto(req), req.num_cached_on_decode)
         except BaseException:
             if seq.stream is not None:
                 self.streams.stop(seq.stream)  # _run's failure path waits it out
@@ -308,6 +322,8 @@ class PrefillWorker:
                            cached_spans=cached_spans_to_proto(
                                out.cached_spans, common_pb2.KV_SOURCE_PREFILL_POOL),
                            num_computed_tokens=out.num_prompt_tokens - out.num_cached_tokens,
+                           num_pulled_tokens=seq.pulled_tokens,
+                           pulled_bytes=seq.pulled_blocks * self.sender.block_bytes,
                            num_transferred_blocks=sent,
                            transferred_bytes=sent * self.sender.block_bytes,
                            transfer_seconds=seconds)
@@ -325,4 +341,5 @@ class PrefillWorker:
         m.cache_hit_tokens.inc(resp.num_cached_tokens)
         m.transferred_blocks.inc(resp.num_transferred_blocks)
         m.transferred_bytes.inc(resp.transferred_bytes)
+        m.pulled_tokens.inc(resp.num_pulled_tokens)
         m.compute_seconds.observe(resp.queue_seconds + resp.compute_seconds)

@@ -199,7 +199,7 @@ class BlockHashSnapshot(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "snapshot", "num_steps", "metrics_port", "prefill_tokens_per_s")
+    __slots__ = ("role", "worker_id", "num_running", "num_waiting", "num_waiting_tokens", "num_free_blocks", "num_total_blocks", "num_cached_blocks", "load", "kv_layout", "kv_epoch", "snapshot", "num_steps", "metrics_port", "prefill_tokens_per_s", "prefill_target_tokens", "pd_policy")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,8 @@ class WorkerStats(_message.Message):
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TARGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PD_POLICY_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     worker_id: str
     num_running: int
@@ -230,7 +232,19 @@ class WorkerStats(_message.Message):
     num_steps: int
     metrics_port: int
     prefill_tokens_per_s: float
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ..., metrics_port: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
+    prefill_target_tokens: int
+    pd_policy: PDPolicyInfo
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ..., metrics_port: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., prefill_target_tokens: _Optional[int] = ..., pd_policy: _Optional[_Union[PDPolicyInfo, _Mapping]] = ...) -> None: ...
+
+class PDPolicyInfo(_message.Message):
+    __slots__ = ("itl_budget_ms", "idle_budget_ms", "min_remote_tokens")
+    ITL_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REMOTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    itl_budget_ms: float
+    idle_budget_ms: float
+    min_remote_tokens: int
+    def __init__(self, itl_budget_ms: _Optional[float] = ..., idle_budget_ms: _Optional[float] = ..., min_remote_tokens: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

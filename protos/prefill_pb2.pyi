@@ -70,7 +70,7 @@ class HandshakeResponse(_message.Message):
     def __init__(self, compatible: _Optional[bool] = ..., error: _Optional[str] = ..., kv_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layout_hash: _Optional[int] = ..., worker_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., kv_epoch: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds", "kv_epoch", "session_id", "session_ttl_seconds", "session_end")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "num_cached_on_decode", "dst_block_ids", "transfer_id", "endpoint", "lease_seconds", "timeout_seconds", "kv_epoch", "session_id", "session_ttl_seconds", "session_end", "src_block_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class PrefillRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_END_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
@@ -97,10 +98,11 @@ class PrefillRequest(_message.Message):
     session_id: str
     session_ttl_seconds: float
     session_end: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ..., session_id: _Optional[str] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
+    src_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_cached_on_decode: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_id: _Optional[str] = ..., endpoint: _Optional[_Union[_transfer_pb2.TransferEndpoint, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., kv_epoch: _Optional[int] = ..., session_id: _Optional[str] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ..., src_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds", "cached_spans")
+    __slots__ = ("request_id", "status", "error", "first_token_id", "first_token_logprobs", "num_computed_tokens", "num_cached_tokens", "num_transferred_blocks", "transferred_bytes", "queue_seconds", "compute_seconds", "transfer_seconds", "cached_spans", "num_pulled_tokens", "pulled_bytes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +116,8 @@ class PrefillResponse(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CACHED_SPANS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PULLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_BYTES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     status: PrefillStatus
     error: str
@@ -127,7 +131,9 @@ class PrefillResponse(_message.Message):
     compute_seconds: float
     transfer_seconds: float
     cached_spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedTokens]
-    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[PrefillStatus, str]] = ..., error: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_token_logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_transferred_blocks: _Optional[int] = ..., transferred_bytes: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., cached_spans: _Optional[_Iterable[_Union[_common_pb2.CachedTokens, _Mapping]]] = ...) -> None: ...
+    num_pulled_tokens: int
+    pulled_bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[PrefillStatus, str]] = ..., error: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_token_logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_transferred_blocks: _Optional[int] = ..., transferred_bytes: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., cached_spans: _Optional[_Iterable[_Union[_common_pb2.CachedTokens, _Mapping]]] = ..., num_pulled_tokens: _Optional[int] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
 
 class ReleaseBlocksRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/transfer.proto\x12\x08\x62\x61ton.v1\"\x8e\x01\n\x0cNixlEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12\x14\n\x0c\x62\x61se_address\x18\x03 \x01(\x04\x12)\n\x0bmemory_kind\x18\x04 \x01(\x0e\x32\x14.baton.v1.MemoryKind\x12\x11\n\tdevice_id\x18\x05 \x01(\r\"\x1f\n\x0cGrpcEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x1e\n\x0eInprocEndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xd9\x01\n\x10TransferEndpoint\x12\x13\n\x0blayout_hash\x18\x01 \x01(\x06\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12&\n\x04nixl\x18\x04 \x01(\x0b\x32\x16.baton.v1.NixlEndpointH\x00\x12&\n\x04grpc\x18\x05 \x01(\x0b\x32\x16.baton.v1.GrpcEndpointH\x00\x12*\n\x06inproc\x18\x06 \x01(\x0b\x32\x18.baton.v1.InprocEndpointH\x00\x42\x0b\n\ttransport\"\x91\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x13\n\x0blayout_hash\x18\x03 \x01(\x06\x12\x13\n\x0b\x62lock_bytes\x18\x04 \x01(\x04\x12\x15\n\rdst_block_ids\x18\x05 \x03(\r\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"W\n\x07PushAck\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_DRAM\x10\x01\x12\x14\n\x10MEMORY_KIND_VRAM\x10\x02\x32\x42\n\nKVTransfer\x12\x34\n\nPushBlocks\x12\x11.baton.v1.KVChunk\x1a\x11.baton.v1.PushAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/transfer.proto\x12\x08\x62\x61ton.v1\"\x8e\x01\n\x0cNixlEndpoint\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12\x14\n\x0c\x62\x61se_address\x18\x03 \x01(\x04\x12)\n\x0bmemory_kind\x18\x04 \x01(\x0e\x32\x14.baton.v1.MemoryKind\x12\x11\n\tdevice_id\x18\x05 \x01(\r\"\x1f\n\x0cGrpcEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x1e\n\x0eInprocEndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xd9\x01\n\x10TransferEndpoint\x12\x13\n\x0blayout_hash\x18\x01 \x01(\x06\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12&\n\x04nixl\x18\x04 \x01(\x0b\x32\x16.baton.v1.NixlEndpointH\x00\x12&\n\x04grpc\x18\x05 \x01(\x0b\x32\x16.baton.v1.GrpcEndpointH\x00\x12*\n\x06inproc\x18\x06 \x01(\x0b\x32\x18.baton.v1.InprocEndpointH\x00\x42\x0b\n\ttransport\"\x91\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x13\n\x0blayout_hash\x18\x03 \x01(\x06\x12\x13\n\x0b\x62lock_bytes\x18\x04 \x01(\x04\x12\x15\n\rdst_block_ids\x18\x05 \x03(\r\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"W\n\x07PushAck\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\"w\n\x0bPullRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x13\n\x0blayout_hash\x18\x03 \x01(\x06\x12\x13\n\x0b\x62lock_bytes\x18\x04 \x01(\x04\x12\x15\n\rsrc_block_ids\x18\x05 \x03(\r*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_DRAM\x10\x01\x12\x14\n\x10MEMORY_KIND_VRAM\x10\x02\x32|\n\nKVTransfer\x12\x34\n\nPushBlocks\x12\x11.baton.v1.KVChunk\x1a\x11.baton.v1.PushAck(\x01\x12\x38\n\nPullBlocks\x12\x15.baton.v1.PullRequest\x1a\x11.baton.v1.KVChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMORYKIND']._serialized_start=702
-  _globals['_MEMORYKIND']._serialized_end=787
+  _globals['_MEMORYKIND']._serialized_start=823
+  _globals['_MEMORYKIND']._serialized_end=908
   _globals['_NIXLENDPOINT']._serialized_start=36
   _globals['_NIXLENDPOINT']._serialized_end=178
   _globals['_GRPCENDPOINT']._serialized_start=180
@@ -45,6 +45,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVCHUNK']._serialized_end=611
   _globals['_PUSHACK']._serialized_start=613
   _globals['_PUSHACK']._serialized_end=700
-  _globals['_KVTRANSFER']._serialized_start=789
-  _globals['_KVTRANSFER']._serialized_end=855
+  _globals['_PULLREQUEST']._serialized_start=702
+  _globals['_PULLREQUEST']._serialized_end=821
+  _globals['_KVTRANSFER']._serialized_start=910
+  _globals['_KVTRANSFER']._serialized_end=1034
 # @@protoc_insertion_point(module_scope)

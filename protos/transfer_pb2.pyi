@@ -87,3 +87,17 @@ class PushAck(_message.Message):
     num_bytes: int
     complete: bool
     def __init__(self, transfer_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("request_id", "transfer_id", "layout_hash", "block_bytes", "src_block_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    transfer_id: str
+    layout_hash: int
+    block_bytes: int
+    src_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., layout_hash: _Optional[int] = ..., block_bytes: _Optional[int] = ..., src_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -40,6 +40,11 @@ class KVTransferStub:
                 request_serializer=protos_dot_transfer__pb2.KVChunk.SerializeToString,
                 response_deserializer=protos_dot_transfer__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.PullBlocks = channel.unary_stream(
+                '/baton.v1.KVTransfer/PullBlocks',
+                request_serializer=protos_dot_transfer__pb2.PullRequest.SerializeToString,
+                response_deserializer=protos_dot_transfer__pb2.KVChunk.FromString,
+                _registered_method=True)
 
 
 class KVTransferServicer:
@@ -53,6 +58,16 @@ class KVTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullBlocks(self, request, context):
+        """Read blocks a transfer made readable: KVChunks whose dst_block_ids name the requested
+        src blocks, in order (the same chunking as PushBlocks). Refusals end the call with a
+        status: NOT_FOUND (unknown transfer), INVALID_ARGUMENT (layout mismatch, or a block the
+        transfer did not make readable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +75,11 @@ def add_KVTransferServicer_to_server(servicer, server):
                     servicer.PushBlocks,
                     request_deserializer=protos_dot_transfer__pb2.KVChunk.FromString,
                     response_serializer=protos_dot_transfer__pb2.PushAck.SerializeToString,
+            ),
+            'PullBlocks': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullBlocks,
+                    request_deserializer=protos_dot_transfer__pb2.PullRequest.FromString,
+                    response_serializer=protos_dot_transfer__pb2.KVChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +110,33 @@ class KVTransfer:
             '/baton.v1.KVTransfer/PushBlocks',
             protos_dot_transfer__pb2.KVChunk.SerializeToString,
             protos_dot_transfer__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.v1.KVTransfer/PullBlocks',
+            protos_dot_transfer__pb2.PullRequest.SerializeToString,
+            protos_dot_transfer__pb2.KVChunk.FromString,
             options,
             channel_credentials,
             insecure,

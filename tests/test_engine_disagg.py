@@ -7,8 +7,9 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.engine.block_holds import BlockHolds
-from baton.engine.remote_kv import RemoteKV
+from baton.engine.remote_kv import PDRequest, RemoteKV
 from baton.engine.request import RequestStatus
+from baton.pd_cost import PDPolicy, PDRates
 from tests.reference import hf_greedy
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -35,7 +36,7 @@ def _drain(engine, rid):
 def _remote_turn(p, d, rid, prompt, params=PARAMS):
     """One disaggregated request. Returns (output tokens, blocks transferred)."""
     (prefill, holds), (decode, rkv) = p, d
-    plan, _ = rkv.add(rid, prompt, params, min_remote_tokens=1)
+    plan, _, _ = rkv.add(rid, prompt, params, min_remote_tokens=1)
     assert plan is not None
     holds.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     first = _drain(prefill, rid)
@@ -67,7 +68,7 @@ def test_disaggregated_equals_reference_and_transfers_only_new_blocks(tiny_llama
 
 def test_short_suffix_prefills_locally(tiny_llama):
     _, (decode, rkv) = _engines(tiny_llama)
-    plan, req = rkv.add("x", list(range(3, 20)), PARAMS, min_remote_tokens=64)
+    plan, req, _ = rkv.add("x", list(range(3, 20)), PARAMS, min_remote_tokens=64)
     assert plan is None and req.status == RequestStatus.WAITING
     assert _drain(decode, "x") == hf_greedy(tiny_llama, list(range(3, 20)), 8)
 
@@ -76,7 +77,7 @@ def test_short_suffix_prefills_locally(tiny_llama):
 def test_failed_remote_prefill_recomputes_or_errors(tiny_qwen3, recompute):
     _, (decode, rkv) = _engines(tiny_qwen3)
     prompt = list(range(5, 40))
-    plan, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
+    plan, _, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
     decode.kv_cache[torch.tensor(plan.dst_block_ids)] = 7.0  # garbage "partial" KV
     failure = rkv.fail("r", recompute=recompute)
     out = failure.output
@@ -127,7 +128,7 @@ def test_blocks_a_late_write_may_reach_are_set_aside_until_released(tiny_qwen3, 
     until the hold is released."""
     _, (decode, rkv) = _engines(tiny_qwen3)
     prompt = list(range(5, 40))
-    plan, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
+    plan, _, _ = rkv.add("r", prompt, PARAMS, min_remote_tokens=1)
     failure = rkv.fail("r", recompute=recompute, writes_may_land=True, aborted=not recompute)
     assert failure.hold_id is not None and rkv.num_held_blocks == len(plan.dst_block_ids)
     if recompute:
@@ -157,7 +158,7 @@ def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
     (colocated, _), _ = _engines(tiny_llama)
     params = SamplingParams(temperature=0.9, top_k=40, seed=77, max_tokens=8, ignore_eos=True)
     prompt = list(range(5, 34))
-    plan, _ = rkv.add("s", prompt, params, min_remote_tokens=1)
+    plan, _, _ = rkv.add("s", prompt, params, min_remote_tokens=1)
     holds.add("s", prompt, SamplingParams(temperature=0.9, top_k=40, seed=77, max_tokens=1,
                                           ignore_eos=True))
     first = _drain(prefill, "s")
@@ -168,17 +169,18 @@ def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
     assert out.new_token_ids + _drain(decode, "s") == _drain(colocated, "s")
 
 
-def test_go_remote_callback_decides_with_the_prefix_hit(tiny_llama):
-    """RemoteKV.add(go_remote=fn): fn sees (prompt tokens, decode's own hit) and decides."""
+def test_the_cost_model_decides_with_the_prefix_hit(tiny_llama):
+    """RemoteKV.add(pd=...): the P/D cost model decides on the engine thread with decode's
+    own prefix hit (here by a fixed threshold of 1 token, so the path is known)."""
     _, (decode, rkv) = _engines(tiny_llama)
     rng = random.Random(3)
     prompt = [rng.randrange(3, 380) for _ in range(37)]
-    seen = []
-    plan, _ = rkv.add("a", prompt, PARAMS, go_remote=lambda n, c: seen.append((n, c)) or False)
-    assert plan is None and seen == [(37, 0)]
+    local = PDRequest(0, PDRates(), PDPolicy(itl_budget_s=1.0), block_bytes=1024)
+    plan, _, d = rkv.add("a", prompt, PARAMS, pd=local)
+    assert plan is None and (d.reason, d.stall_s) == ("faster_local", 37 / 2000)
     _drain(decode, "a")  # prefilled here: its 4 full prompt blocks are now cached
-    plan, _ = rkv.add("b", prompt + [5, 6], PARAMS,
-                      go_remote=lambda n, c: seen.append((n, c)) or True)
-    assert seen[1] == (39, 32) and plan.num_cached_tokens == 32
+    remote = PDRequest(0, PDRates(), PDPolicy(min_remote_tokens=1), block_bytes=1024)
+    plan, _, d = rkv.add("b", prompt + [5, 6], PARAMS, pd=remote)
+    assert (d.reason, d.stall_s) == ("threshold", 7 / 2000) and plan.num_cached_tokens == 32
     assert decode.get_request("b").status == RequestStatus.WAITING_FOR_REMOTE_KV
     rkv.fail("b", recompute=False, aborted=True)

@@ -74,7 +74,7 @@ def test_disaggregated_equals_colocated_under_a_schema(tiny_llama, temperature, 
     (colocated, _), _ = _engines(tiny_llama)
     params = SamplingParams(temperature=temperature, seed=seed, max_tokens=200,
                             structured_output=SPEC)
-    plan, _ = rkv.add("s", PROMPT, params, min_remote_tokens=1)
+    plan, _, _ = rkv.add("s", PROMPT, params, min_remote_tokens=1)
     # the prefill worker's params: the decode side's, for one token (prefill_service/worker.py)
     holds.add("s", PROMPT, SamplingParams(temperature=temperature, seed=seed, max_tokens=1,
                                           structured_output=SPEC))

@@ -33,7 +33,7 @@ def pair(tiny_llama):
 
 def _open(p, d, rid, prompt):
     (prefill, holds, streams, sender), (decode, rkv, receiver) = p, d
-    plan, _ = rkv.add(rid, prompt, PARAMS, min_remote_tokens=1)
+    plan, _, _ = rkv.add(rid, prompt, PARAMS, min_remote_tokens=1)
     receiver.expect(rid, plan.dst_block_ids)
     stream = KVStream(rid, rid, plan.num_cached_tokens // BS, list(plan.dst_block_ids))
     assert streams.open(stream, receiver.endpoint(), timeout_s=30)

@@ -82,7 +82,8 @@ def test_services_and_streaming_shapes():
         "Generate": (False, True), "Abort": (False, False), "GetStats": (False, False),
         "EndSession": (False, False),
     }
-    assert methods(transfer_pb2, "KVTransfer") == {"PushBlocks": (True, False)}
+    assert methods(transfer_pb2, "KVTransfer") == {"PushBlocks": (True, False),
+                                                   "PullBlocks": (False, True)}
 
 
 def test_round_trip_of_the_hand_over_messages():

@@ -9,14 +9,23 @@
     ids, pins = holds.pin(rid, start, stop)        one more reference on blocks a transfer
     holds.unpin(pins)                              reads while the prompt is still prefilled
 
+A prompt whose first tokens the decode worker holds (PrefillRequest.src_block_ids) and this
+engine lacks is added with `add_pulling`: it waits (WAITING_FOR_REMOTE_KV, blocks allocated)
+while the worker reads those blocks from the decode worker; `pulled` then caches them (they
+are the prompt's KV, as if computed here) and runs the rest:
+
+    own hit 1 block, decode holds 3:   [ own ][ pull ][ pull ][ compute ... ]
+                                               └─ PrefixPull.dst_block_ids
+
 Only requests added here are held, and only when they finish normally (stop or length); an
 aborted or failed request frees its blocks at once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from baton.engine.kv_cache import Block
+from baton.engine.kv_source import KVSource
 from baton.engine.request import Request, RequestStatus
 from baton.outputs import StepOutput
 from baton.sampling_params import SamplingParams
@@ -24,6 +33,15 @@ from baton.session_hints import SessionHint
 
 if TYPE_CHECKING:
     from baton.engine.llm_engine import LLMEngine
+
+
+class PrefixPull(NamedTuple):
+    """The blocks to read a peer's prefix into: this request's blocks [first_block, ...)
+    for prompt tokens [first_block * block_size, num_tokens)."""
+
+    first_block: int
+    dst_block_ids: list[int]
+    num_tokens: int
 
 
 class BlockHolds:
@@ -45,6 +63,46 @@ class BlockHolds:
         req = self.engine.add_request(request_id, prompt_token_ids, params, session)
         self._adding.add(request_id)
         return req
+
+    def add_pulling(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, session: SessionHint | None,
+                    peer_tokens: int) -> tuple[Request, PrefixPull | None]:
+        """As `add`, for a prompt whose first `peer_tokens` (block aligned, below its length)
+        another worker holds: when this engine's own prefix hit is shorter and the pool holds
+        the whole prompt now, the request waits with its blocks allocated and the PrefixPull
+        names those to read the peer's tokens into (`pulled` ends the wait); else it is
+        queued as by `add` (None: it computes what it lacks). Raises ValueError like
+        `LLMEngine.add_request`."""
+        e, kv = self.engine, self.engine.kv
+        req = e.new_request(request_id, prompt_token_ids, params, session)
+        hits, num_cached = kv.get_computed_blocks(request_id, req.prompt_token_ids)
+        pull = None
+        if num_cached < peer_tokens and \
+                kv.allocate_slots(request_id, req.num_prompt_tokens, hits) is not None:
+            e.scheduler.wait_for_remote_kv(req, num_cached)
+            first = num_cached // kv.block_size
+            table = kv.block_table(request_id)[first:peer_tokens // kv.block_size]
+            pull = PrefixPull(first, table, peer_tokens)
+        else:
+            e.scheduler.add(req)
+        self._adding.add(request_id)
+        return req, pull
+
+    def pulled(self, request_id: str, pull: PrefixPull, ok: bool) -> None:
+        """A pull ended. ok: its blocks hold the peer's KV: they are cached and counted as
+        cached (KVSource.PEER), and the request computes from `pull.num_tokens`; else it
+        computes them too. KeyError if the request is not waiting for a pull."""
+        e = self.engine
+        req = e.requests[request_id].request
+        if req.status != RequestStatus.WAITING_FOR_REMOTE_KV:
+            raise KeyError(f"request {request_id!r} is not waiting for a pull")
+        if not ok:
+            e.scheduler.remote_kv_ready(req, req.num_cached_tokens)
+            return
+        e.kv.cache_blocks(request_id, req.prompt_token_ids, pull.num_tokens)
+        req.cached_spans += ((KVSource.PEER, pull.num_tokens - req.num_cached_tokens),)
+        req.num_cached_tokens = pull.num_tokens
+        e.scheduler.remote_kv_ready(req, pull.num_tokens)
 
     def _on_finish(self, req: Request, status: RequestStatus) -> bool:
         rid = req.request_id

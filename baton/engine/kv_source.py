@@ -30,6 +30,7 @@ class KVSource(enum.Enum):
     HOST_TIER = "host_tier"
     DISK_TIER = "disk_tier"
     STORE = "store"  # the cluster's KV store (kv_store.py)
+    PEER = "peer"  # read from the requesting decode worker's pool (block_holds.add_pulling)
 
 
 # the `tier` a claim names (kv_tier.py, kv_store.py) → its source

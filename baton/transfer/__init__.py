@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.transfer.base import DEFAULT_TIMEOUT_S, KVReceiver, KVSender, TransferState
+from baton.transfer.base import DEFAULT_TIMEOUT_S, KVReceiver, KVSender, TransferState, pull_id
 from baton.transfer.layout import (
     KV_PROTOCOL_VERSION,
     KVLayoutError,
@@ -73,5 +73,5 @@ def make_sender(kind: str, kv_cache: torch.Tensor, layout: common_pb2.KVLayout, 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "KINDS", "KVLayoutError", "KVReceiver", "KVSender", "KV_PROTOCOL_VERSION",
     "TRANSPORT_KINDS", "TransferState", "block_bytes", "check_compatible", "kv_layout", "kv_layout_hash",
-    "make_receiver", "make_sender",
+    "make_receiver", "make_sender", "pull_id",
 ]

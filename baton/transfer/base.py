@@ -9,6 +9,13 @@
     sender.poll(tid) / wait(tid) -> DONE                  receiver.poll(tid) -> DONE
     sender.forget(tid)                                    receiver.forget(tid)
 
+  and the other way, before a prefill computes (the blocks the decode worker holds of the
+  prompt and the prefill worker lacks, read instead of recomputed):
+                                                          receiver.expect(tid, dst_ids,
+                                                                          src_block_ids=held)
+    sender.pull(ep, tid + "/pull", held[i:j], own_ids)  ◀── blocks ──  (decode's kv_cache)
+    sender.poll(tid + "/pull") -> DONE: own_ids hold decode's blocks held[i:j]
+
 Each side owns one block-major kv_cache (see layout.py) and validates it against its KVLayout.
 Transfers are named by a caller-chosen transfer_id (unique among a side's live transfers);
 block i of src_block_ids lands in block i of dst_block_ids. A transfer of zero blocks is DONE
@@ -20,6 +27,8 @@ released the request (no write follows); gRPC writes happen on the receiver, whi
 nothing for a transfer after forget(). The decode side may therefore reuse a transfer's
 blocks once its own state is DONE, or once it forgot the transfer and the prefill side
 reported a final state (or its lease ended); never merely because expect()'s timeout passed.
+The same holds for the blocks a pull reads (a NIXL READ is one-sided too; gRPC serves reads
+of a transfer only while it is expected): until then they must not change.
 
 Threading: every method may be called from any thread; each object serializes its own state
 behind one lock (transports may add one background thread). poll() never blocks on I/O;
@@ -58,6 +67,11 @@ class TransferState(enum.IntEnum):
         return self >= TransferState.DONE
 
 
+def pull_id(transfer_id: str) -> str:
+    """The sender's name for the pull that reads the blocks `transfer_id` made readable."""
+    return transfer_id + "/pull"
+
+
 def check_block_ids(ids: Sequence[int], num_blocks: int, what: str) -> list[int]:
     """`ids` as a list of distinct ints in [0, num_blocks); ValueError otherwise."""
     out = [int(i) for i in ids]
@@ -86,6 +100,7 @@ class _Expected:
     dst_block_ids: list[int]
     deadline: float  # time.monotonic() seconds; inf = none
     state: TransferState
+    readable: frozenset[int] = frozenset()  # blocks a pull of this transfer may read
 
 
 class KVReceiver(_KVSide, abc.ABC):
@@ -111,21 +126,31 @@ class KVReceiver(_KVSide, abc.ABC):
     def endpoint(self) -> transfer_pb2.TransferEndpoint:
         """Where senders write into this receiver's kv_cache (send it in PrefillRequest)."""
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], timeout_s: float | None = None) -> None:
+    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], timeout_s: float | None = None,
+               src_block_ids: Sequence[int] = ()) -> None:
         """Announce a transfer before the sender starts it (before the Prefill RPC goes out).
 
         timeout_s (seconds, None = no limit): poll() reports FAILED past it. With NIXL a
         late sender can still write afterwards, so keep the blocks until the Prefill RPC has
-        answered (or its lease ended) before reusing them. Raises ValueError for a live
-        transfer_id or block ids outside the cache.
+        answered (or its lease ended) before reusing them. src_block_ids: blocks the sender
+        may read first (`KVSender.pull`), kept unchanged by the caller on the same terms.
+        Raises ValueError for a live transfer_id or block ids outside the cache.
         """
         ids = check_block_ids(dst_block_ids, self.num_blocks, "dst_block_ids")
+        readable = frozenset(check_block_ids(src_block_ids, self.num_blocks, "src_block_ids"))
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             if transfer_id in self._transfers:
                 raise ValueError(f"transfer {transfer_id!r} is already expected")
             state = TransferState.PENDING if ids else TransferState.DONE
-            self._transfers[transfer_id] = _Expected(ids, deadline, state)
+            self._transfers[transfer_id] = _Expected(ids, deadline, state, readable)
+
+    def readable(self, transfer_id: str, block_ids: Sequence[int]) -> bool:
+        """Whether a live transfer made every one of `block_ids` readable (for transports
+        that serve pulls themselves: gRPC, in-process)."""
+        with self._lock:
+            t = self._transfers.get(transfer_id)
+            return t is not None and set(block_ids) <= t.readable
 
     def poll(self, transfer_id: str) -> TransferState:
         """Current state, without blocking. Raises KeyError for an unknown transfer_id."""
@@ -181,6 +206,28 @@ class KVSender(_KVSide, abc.ABC):
         if len(src) != len(dst):
             raise ValueError(f"{len(src)} src blocks for {len(dst)} dst blocks")
         self._start(endpoint, transfer_id, src, dst, request_id, time.monotonic() + timeout_s)
+
+    def pull(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str,
+             src_block_ids: Sequence[int], dst_block_ids: Sequence[int], *,
+             request_id: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Start reading the receiver's src blocks (ids in its kv_cache, made readable by its
+        expect(transfer_id, ..., src_block_ids)) into this side's dst blocks; returns without
+        waiting. The pull is then `pull_id(transfer_id)` here: poll() / wait() / cancel() /
+        forget() work on it as on a send; DONE = every byte is in the dst blocks. Same
+        checks as send().
+        """
+        self._check_endpoint(endpoint)
+        src = check_block_ids(src_block_ids, endpoint.num_blocks, "src_block_ids")
+        dst = check_block_ids(dst_block_ids, self.num_blocks, "dst_block_ids")
+        if len(src) != len(dst):
+            raise ValueError(f"{len(src)} src blocks for {len(dst)} dst blocks")
+        self._start_pull(endpoint, transfer_id, src, dst, request_id,
+                         time.monotonic() + timeout_s)
+
+    def _start_pull(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str,
+                    src: list[int], dst: list[int], request_id: str, deadline: float) -> None:
+        """Begin the pull, tracked as pull_id(transfer_id) (ids checked)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pull")
 
     def begin(self, endpoint: transfer_pb2.TransferEndpoint, transfer_id: str,
               dst_block_ids: Sequence[int], *, request_id: str = "",

@@ -9,6 +9,9 @@ This file: the protocol and `GrpcReceiver`; `GrpcSender` is in grpc_sender.py.
 
 One PushBlocks stream carries one whole transfer; a stream that ends (or breaks) before every
 block arrived fails the transfer. Blocks larger than a chunk travel as in-order slices.
+PullBlocks goes the other way: the prefill worker reads blocks an expected transfer made
+readable (its src_block_ids), chunked the same way (`pack_chunks`), each chunk checked still
+readable once packed: nothing read after the decode side forgot the transfer goes out.
 
 Threading: the receiver's servicer runs on the decode server's event loop; poll/expect/forget
 may be called from any thread (one lock, held while a chunk is written, so forget() never
@@ -20,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import torch
 
 from baton.transfer.base import KVReceiver, TransferState
-from kernels.block_copy import unpack_blocks
+from kernels.block_copy import pack_blocks, unpack_blocks
 from protos import common_pb2, transfer_pb2, transfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,53 @@ def from_bytes(data: bytes, device: torch.device) -> torch.Tensor:
 
 
 # -- decode side ---------------------------------------------------------------------------
+def pack_chunks(kv_cache: torch.Tensor, block_bytes: int, chunk_bytes: int, src: list[int],
+                dst: list[int], **fields) -> Iterator[transfer_pb2.KVChunk]:
+    """KVChunks carrying blocks `src` of kv_cache as `dst` ids: whole blocks, or slices of one
+    block when a block exceeds a chunk; `fields` go into the first chunk only (the layout
+    hash and block size of a stream) and every chunk (request_id, transfer_id) as given:
+    first={...} and every={...}."""
+    first, every = fields.get("first", {}), fields.get("every", {})
+    per_chunk = max(1, chunk_bytes // block_bytes)
+    for i in range(0, len(src), per_chunk):
+        ids = torch.tensor(src[i:i + per_chunk], dtype=torch.int64, device=kv_cache.device)
+        data = as_bytes(pack_blocks(kv_cache, ids))
+        step = len(data) if per_chunk > 1 or len(data) <= chunk_bytes else chunk_bytes
+        for offset in range(0, len(data), step):
+            yield transfer_pb2.KVChunk(dst_block_ids=dst[i:i + per_chunk], offset=offset,
+                                       data=data[offset:offset + step], **every, **first)
+            first = {}
+
+
+def write_chunk(kv_cache: torch.Tensor, block_bytes: int, chunk: transfer_pb2.KVChunk,
+                into: dict[int, int] | None, left: dict[int, int]) -> bool:
+    """Write one chunk into kv_cache: whole blocks none of which was started, or the next
+    in-order slice of one block. `into` maps the chunk's block ids to local ones (None: the
+    same ids); `left`: local block → bytes still expected, updated. False, nothing written,
+    when the chunk does not fit what is left."""
+    ids = [into.get(b, -1) for b in chunk.dst_block_ids] if into is not None \
+        else list(chunk.dst_block_ids)
+    n = len(chunk.data)
+    if not chunk.offset and n == len(ids) * block_bytes and len(set(ids)) == len(ids) \
+            and all(left.get(b) == block_bytes for b in ids):
+        buf = from_bytes(chunk.data, kv_cache.device).view(kv_cache.dtype)
+        unpack_blocks(buf.view(len(ids), *kv_cache.shape[1:]), kv_cache,
+                      torch.tensor(ids, dtype=torch.int64, device=kv_cache.device))
+        for b in ids:
+            del left[b]
+        return True
+    if len(ids) != 1 or not 0 < n <= left.get(ids[0], 0) \
+            or chunk.offset != block_bytes - left[ids[0]]:
+        return False
+    b = ids[0]
+    block = kv_cache[b].view(-1).view(torch.uint8)
+    block[chunk.offset:chunk.offset + n].copy_(from_bytes(chunk.data, kv_cache.device))
+    left[b] -= n
+    if not left[b]:
+        del left[b]
+    return True
+
+
 class _Servicer(transfer_pb2_grpc.KVTransferServicer):
     def __init__(self, receiver: GrpcReceiver) -> None:
         self._receiver = receiver
@@ -54,6 +104,11 @@ class _Servicer(transfer_pb2_grpc.KVTransferServicer):
     async def PushBlocks(self, request_iterator: AsyncIterator[transfer_pb2.KVChunk],
                          context: grpc.aio.ServicerContext) -> transfer_pb2.PushAck:
         return await self._receiver._serve_push(request_iterator, context)
+
+    async def PullBlocks(self, request: transfer_pb2.PullRequest,
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[transfer_pb2.KVChunk]:
+        async for chunk in self._receiver._serve_pull(request, context):
+            yield chunk
 
 
 class _Refused(Exception):
@@ -119,6 +174,22 @@ class GrpcReceiver(KVReceiver):
             raise
         return ack
 
+    async def _serve_pull(self, req: transfer_pb2.PullRequest,
+                          context) -> AsyncIterator[transfer_pb2.KVChunk]:
+        """The requested readable blocks, chunked; a refusal aborts the call."""
+        tid, src = req.transfer_id, list(req.src_block_ids)
+        if req.layout_hash != self.layout_hash or req.block_bytes != self.block_bytes:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "pull: KV layout or block size differs from the receiver's")
+        for chunk in pack_chunks(self.kv_cache, self.block_bytes, DEFAULT_CHUNK_BYTES, src, src,
+                                 every={"request_id": req.request_id, "transfer_id": tid}):
+            if not self.readable(tid, chunk.dst_block_ids):  # forgotten meanwhile: stop
+                log.warning("refused KV pull %r: blocks %s not readable", tid,
+                            list(chunk.dst_block_ids))
+                await context.abort(grpc.StatusCode.NOT_FOUND,
+                                    f"transfer {tid!r} does not make these blocks readable")
+            yield chunk
+
     def _check_first(self, chunk: transfer_pb2.KVChunk) -> None:
         if chunk.layout_hash != self.layout_hash:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
@@ -139,7 +210,7 @@ class GrpcReceiver(KVReceiver):
                 raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"transfer {tid!r} is already {t.state.name}")
             left = self._remaining.setdefault(tid, dict.fromkeys(t.dst_block_ids, self.block_bytes))
             t.state = TransferState.IN_PROGRESS
-            if not (self._write_blocks(chunk, left) or self._write_slice(chunk, left)):
+            if not write_chunk(self.kv_cache, self.block_bytes, chunk, None, left):
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                f"chunk (blocks {list(chunk.dst_block_ids)}, offset {chunk.offset}, "
                                f"{len(chunk.data)} bytes) does not fit what transfer {tid!r} still expects")
@@ -150,33 +221,6 @@ class GrpcReceiver(KVReceiver):
             t.state = TransferState.DONE
             del self._remaining[tid]
             return True
-
-    def _write_blocks(self, chunk: transfer_pb2.KVChunk, left: dict[int, int]) -> bool:
-        """Whole blocks, none of them started yet: unpack them all. False if it is not that."""
-        ids = list(chunk.dst_block_ids)
-        if chunk.offset or len(chunk.data) != len(ids) * self.block_bytes or len(set(ids)) != len(ids) \
-                or any(left.get(b) != self.block_bytes for b in ids):
-            return False
-        buf = from_bytes(chunk.data, self.kv_cache.device).view(self.kv_cache.dtype)
-        unpack_blocks(buf.view(len(ids), *self.kv_cache.shape[1:]), self.kv_cache,
-                      torch.tensor(ids, dtype=torch.int64, device=self.kv_cache.device))
-        for b in ids:
-            del left[b]
-        return True
-
-    def _write_slice(self, chunk: transfer_pb2.KVChunk, left: dict[int, int]) -> bool:
-        """The next in-order slice of one block. False if it is not that."""
-        if len(chunk.dst_block_ids) != 1:
-            return False
-        b, n = chunk.dst_block_ids[0], len(chunk.data)
-        if not 0 < n <= left.get(b, 0) or chunk.offset != self.block_bytes - left[b]:
-            return False
-        block = self.kv_cache[b].view(-1).view(torch.uint8)
-        block[chunk.offset:chunk.offset + n].copy_(from_bytes(chunk.data, self.kv_cache.device))
-        left[b] -= n
-        if not left[b]:
-            del left[b]
-        return True
 
     def _fail(self, tid: str | None) -> None:
         with self._lock:

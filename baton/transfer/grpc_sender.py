@@ -19,9 +19,8 @@ import grpc
 import torch
 
 from baton.grpc_options import CHANNEL_OPTIONS
-from baton.transfer.base import KVSender, TransferState
-from baton.transfer.grpc import DEFAULT_CHUNK_BYTES, as_bytes
-from kernels.block_copy import pack_blocks
+from baton.transfer.base import KVSender, TransferState, pull_id
+from baton.transfer.grpc import DEFAULT_CHUNK_BYTES, pack_chunks, write_chunk
 from protos import common_pb2, transfer_pb2, transfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -166,16 +165,51 @@ class GrpcSender(KVSender):
         the stream's first chunk carries the layout hash and block size."""
         first = {"layout_hash": self.layout_hash, "block_bytes": self.block_bytes} \
             if first_of_stream else {}
-        per_chunk = max(1, self.chunk_bytes // self.block_bytes)
-        for i in range(0, len(src), per_chunk):
-            ids = torch.tensor(src[i:i + per_chunk], dtype=torch.int64, device=self.kv_cache.device)
-            data = as_bytes(pack_blocks(self.kv_cache, ids))
-            step = len(data) if per_chunk > 1 or len(data) <= self.chunk_bytes else self.chunk_bytes
-            for offset in range(0, len(data), step):
-                yield transfer_pb2.KVChunk(
-                    request_id=request_id, transfer_id=tid, dst_block_ids=dst[i:i + per_chunk], offset=offset,
-                    data=data[offset:offset + step], **first)
-                first = {}
+        return pack_chunks(self.kv_cache, self.block_bytes, self.chunk_bytes, src, dst,
+                           first=first, every={"request_id": request_id, "transfer_id": tid})
+
+    def _start_pull(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        pid = pull_id(transfer_id)
+        with self._lock:
+            if self._loop.is_closed():
+                raise RuntimeError("GrpcSender is closed")
+            if pid in self._xfers:
+                raise ValueError(f"transfer {pid!r} is already live")
+            x = self._xfers[pid] = _Push(deadline)
+            if not src:
+                x.state = TransferState.DONE
+                return
+            req = transfer_pb2.PullRequest(request_id=request_id, transfer_id=transfer_id,
+                                           layout_hash=self.layout_hash,
+                                           block_bytes=self.block_bytes, src_block_ids=src)
+            coro = self._pull(endpoint.grpc.address, req, dict(zip(src, dst)), x)
+            x.future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _pull(self, address: str, req: transfer_pb2.PullRequest, into: dict[int, int],
+                    x: _Push) -> None:
+        """Read the blocks `req` names into the local blocks `into` maps them to."""
+        state, left = TransferState.FAILED, dict.fromkeys(into.values(), self.block_bytes)
+        try:
+            x.task = asyncio.current_task()
+            if x.cancelled:
+                raise asyncio.CancelledError
+            timeout = max(0.0, x.deadline - time.monotonic())
+            async for chunk in self._stub(address).PullBlocks(req, timeout=timeout):
+                if not write_chunk(self.kv_cache, self.block_bytes, chunk, into, left):
+                    raise ValueError(f"pull {req.transfer_id}: chunk does not fit what is left")
+            state = TransferState.DONE if not left else TransferState.FAILED
+        except asyncio.CancelledError:
+            state = TransferState.CANCELLED
+            raise
+        except grpc.aio.AioRpcError as e:
+            log.warning("KV pull %s from %s failed: %s %s", req.transfer_id, address,
+                        e.code().name, e.details())
+        except Exception:
+            log.exception("KV pull %s from %s failed", req.transfer_id, address)
+        finally:
+            with self._lock:
+                if not x.state.finished:
+                    x.state = state
 
     async def _push(self, address: str, tid: str, chunks: AsyncIterator[transfer_pb2.KVChunk],
                     x: _Push) -> None:

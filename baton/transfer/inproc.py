@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from baton.transfer.base import KVReceiver, KVSender, TransferState
+from baton.transfer.base import KVReceiver, KVSender, TransferState, pull_id
 from kernels.block_copy import pack_blocks, unpack_blocks
 from protos import common_pb2, transfer_pb2
 
@@ -71,6 +71,16 @@ class InprocReceiver(KVReceiver):
             if t is not None and not t.state.finished:
                 t.state = TransferState.FAILED
 
+    def _read(self, tid: str, src: list[int], dst_cache: torch.Tensor, dst: list[int]) -> bool:
+        """Copy readable blocks of a live transfer into another kv_cache; False if refused."""
+        if not self.readable(tid, src):
+            return False
+        packed = pack_blocks(self.kv_cache, torch.tensor(src, dtype=torch.int64,
+                                                         device=self.kv_cache.device))
+        unpack_blocks(packed.to(dst_cache.device), dst_cache,
+                      torch.tensor(dst, dtype=torch.int64, device=dst_cache.device))
+        return True
+
 
 @dataclass
 class _Held:
@@ -110,6 +120,18 @@ class InprocSender(KVSender):
             x = self._xfers[transfer_id] = _Held(endpoint.inproc.name, [], dst, deadline)
             if not dst:
                 x.state = TransferState.DONE
+
+    def _start_pull(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        """Read at once (auto_complete or not: a pull precedes the compute)."""
+        pid = pull_id(transfer_id)
+        with self._lock:
+            if pid in self._xfers:
+                raise ValueError(f"transfer {pid!r} is already live")
+            receiver = _RECEIVERS.get(endpoint.inproc.name)
+            ok = receiver is not None and receiver._read(transfer_id, src, self.kv_cache, dst)
+            state = TransferState.DONE if ok else TransferState.FAILED
+            self._xfers[pid] = _Held(endpoint.inproc.name, src, dst, deadline, state,
+                                     len(src))
 
     def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
         with self._lock:

@@ -189,8 +189,9 @@ class NixlReceiver(KVReceiver):
     def endpoint(self) -> transfer_pb2.TransferEndpoint:
         return self._endpoint(nixl=self._nixl_endpoint)
 
-    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], timeout_s: float | None = None) -> None:
-        super().expect(transfer_id, dst_block_ids, timeout_s)
+    def expect(self, transfer_id: str, dst_block_ids: Sequence[int], timeout_s: float | None = None,
+               src_block_ids: Sequence[int] = ()) -> None:
+        super().expect(transfer_id, dst_block_ids, timeout_s, src_block_ids)
         self._poller.wake()
 
     def _tick(self) -> bool:

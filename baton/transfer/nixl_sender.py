@@ -2,7 +2,9 @@
 hand-over, the progress threads and how errors end a send).
 
 A transfer is a list of WRITEs into consecutive dst blocks: send() makes one, a streamed
-transfer (begin/push) one per push. Only the last WRITE carries the notification
+transfer (begin/push) one per push. A pull is one READ of the receiver's blocks into local
+ones (NIXL READ over the same registrations and descriptor lists; no notification: the
+reader sees its own request complete). Only the last WRITE carries the notification
 "baton-kv:<tid>", and it is posted only once every earlier WRITE of the transfer completed:
 NIXL notifies per request, and its UCX backend ends each request with an endpoint flush (DONE
 = complete at the target), so the receiver sees DONE only when every byte has landed (it
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baton.transfer.base import KVSender, TransferState
+from baton.transfer.base import KVSender, TransferState, pull_id
 from baton.transfer.nixl import (
     INLINE_BYTES,
     NOTIF_PREFIX,
@@ -37,7 +39,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Write:
-    """One NIXL WRITE: src blocks into dst blocks; `last` carries the notification."""
+    """One NIXL request between local blocks `src` and remote blocks `dst` (a WRITE into
+    dst, or a pull's READ from it); `last` carries a WRITE's notification."""
 
     src: list[int]
     dst: list[int]
@@ -56,6 +59,7 @@ class _Xfer:
     stopping: bool = False  # cancel() came: release everything, then CANCELLED
     state: TransferState = TransferState.PENDING  # PENDING = nothing posted yet
     peer: Peer | None = field(default=None, repr=False)  # keeps the remote dlist alive
+    op: str = "WRITE"  # "READ": a pull
 
     def busy(self) -> bool:
         """Whether the progress thread has work here (a write to post or to check)."""
@@ -93,6 +97,11 @@ class NixlSender(KVSender):
     def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
         self._open(endpoint, transfer_id, dst, deadline)
         self._poller.wake()  # it loads the peer now, not at the first push (nor in this thread)
+
+    def _start_pull(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        pid = pull_id(transfer_id)  # local blocks `dst` ← remote blocks `src`
+        x = self._open(endpoint, pid, src, deadline, dst, op="READ")
+        self._drive(pid, x)
 
     def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
         with self._lock:
@@ -138,13 +147,14 @@ class NixlSender(KVSender):
             self._shutdown()
 
     def _open(self, endpoint, transfer_id: str, dst: list[int], deadline: float,
-              src: list[int] = ()) -> _Xfer:
+              src: list[int] = (), op: str = "WRITE") -> _Xfer:
+        """dst: remote block ids, src: local ones (for a READ too)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("NixlSender is closed")
             if transfer_id in self._xfers:
                 raise ValueError(f"transfer {transfer_id!r} is already live")
-            x = self._xfers[transfer_id] = _Xfer(endpoint, dst, deadline)
+            x = self._xfers[transfer_id] = _Xfer(endpoint, dst, deadline, op=op)
             if not dst:
                 x.state = TransferState.DONE
             elif src:
@@ -227,14 +237,15 @@ class NixlSender(KVSender):
             self._finish(tid, x, TransferState.FAILED, "timed out or forgotten in flight")
 
     def _post(self, tid: str, x: _Xfer, w: _Write) -> str:
-        """Post one WRITE; its status ("DONE", "PROC" or an error)."""
+        """Post one WRITE (or a pull's READ); its status ("DONE", "PROC" or an error)."""
         if x.peer is None and not self._load_peer(tid, x):
             return "peer not loaded"
         if not x.peer.healthy:  # another transfer to it failed: it may be reloaded already
             return "peer failed"
-        notif = NOTIF_PREFIX + tid.encode() if w.last else b""
+        notif = NOTIF_PREFIX + tid.encode() if w.last and x.op == "WRITE" else b""
         try:
-            w.handle = self._agent.make_prepped_xfer("WRITE", self._local, w.src, x.peer.dlist, w.dst, notif)
+            w.handle = self._agent.make_prepped_xfer(x.op, self._local, w.src, x.peer.dlist,
+                                                     w.dst, notif)
             return self._agent.transfer(w.handle)  # between local processes: the whole copy
         except Exception as e:  # NIXL raises one class per status code, all plain Exceptions
             return repr(e)

@@ -18,7 +18,9 @@ from protos import common_pb2
 class StatsRpc:
     """One worker's GetStats. kv_epoch is random per process, so a caller that sees it
     change knows the worker restarted (its cached block hashes are new). metrics_port: the
-    worker's Prometheus port once it serves (0 = none), reported for GET /metrics/workers."""
+    worker's Prometheus port once it serves (0 = none), reported for GET /metrics/workers.
+    settings: what the worker runs with and never changes (prefill_target_tokens, a decode
+    worker's pd_policy), merged into every reply."""
 
     ae: AsyncEngine
     role: int  # common_pb2.WORKER_ROLE_*
@@ -26,6 +28,7 @@ class StatsRpc:
     layout: common_pb2.KVLayout
     kv_epoch: int = field(default_factory=lambda: secrets.randbits(64))
     metrics_port: int = 0
+    settings: common_pb2.WorkerStats = field(default_factory=common_pb2.WorkerStats)
 
     async def __call__(self, request: common_pb2.GetStatsRequest) -> common_pb2.WorkerStats:
         """The WorkerStats reply to `request` (block hashes only if it asks for them)."""
@@ -33,4 +36,5 @@ class StatsRpc:
         stats = worker_stats(snap, self.role, self.worker_id, self.layout, self.kv_epoch)
         stats.num_steps = self.ae.num_steps
         stats.metrics_port = self.metrics_port
+        stats.MergeFrom(self.settings)
         return stats

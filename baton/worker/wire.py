@@ -29,9 +29,11 @@ FINISH_REASONS = {
     "error": common_pb2.FINISH_REASON_ERROR,
 }
 _U64 = 1 << 64
-# by name: KVSource.HOST_TIER ("host_tier") → KV_SOURCE_HOST_TIER; POOL is the role's own
+# by name: KVSource.HOST_TIER ("host_tier") → KV_SOURCE_HOST_TIER; POOL is the role's own;
+# PEER, what a prefill worker read from the decode worker's pool, is that pool
 _SOURCES = {s: common_pb2.KVSource.Value(f"KV_SOURCE_{s.value.upper()}")
-            for s in KVSource if s is not KVSource.POOL}
+            for s in KVSource if s not in (KVSource.POOL, KVSource.PEER)}
+_SOURCES[KVSource.PEER] = common_pb2.KV_SOURCE_DECODE_POOL
 
 
 def wire_spans(spans: Spans, pool: int) -> tuple[tuple[int, int], ...]:

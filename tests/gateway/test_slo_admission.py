@@ -9,8 +9,11 @@ import grpc
 import httpx
 import pytest
 
-from gateway.admission import (CHUNK_TOKENS, IDLE_BUDGET_S, ITL_BUDGET_S, PRIOR_TOKENS_PER_S,
-                               PathQueue, SLOAdmission)
+from baton.pd_cost import PDPolicy
+from gateway.admission import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS
+from gateway.admission import PRIOR_TOKENS_PER_S, PathQueue, SLOAdmission
+
+ITL_BUDGET_S, IDLE_BUDGET_S = PDPolicy().itl_budget_s, PDPolicy().idle_budget_s
 from gateway.config import PrefillModeChoice
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
@@ -177,13 +180,27 @@ def test_idle_decode_past_the_idle_budget_is_predicted_on_the_prefill_worker():
     idle_decode = PathQueue("d:1", 0, 1000.0)
     slow_prefill = PathQueue("p:1", 0, 800.0)  # 0.5 s there vs 0.4 s here: still remote
     assert adm.choose([adm.predict(400, idle_decode), adm.predict(400, slow_prefill)],
-                      idle_decode).address == "p:1"
+                      idle_decode, 400).address == "p:1"
     saturated = PathQueue("p:1", 2000, 1000.0)  # 2.4 s there: 2.0 s more than the stall
     assert adm.choose([adm.predict(400, idle_decode), adm.predict(400, saturated)],
-                      idle_decode).address == "d:1"
+                      idle_decode, 400).address == "d:1"
     within = int(1000.0 * IDLE_BUDGET_S / 2)  # under the idle budget: the faster path
     assert adm.choose([adm.predict(within, idle_decode), adm.predict(within, slow_prefill)],
-                      idle_decode).address == "d:1"
+                      idle_decode, within).address == "d:1"
+
+
+def test_the_prediction_uses_the_policy_and_chunk_the_workers_publish():
+    """A decode worker started with other budgets (or a fixed threshold) is predicted with
+    them, not with the defaults; a worker's chunk is its own --prefill-target-tokens."""
+    adm = SLOAdmission(slo_ttft_s=5.0)
+    slow_prefill = PathQueue("p:1", 0, 800.0)
+    wide = PathQueue("d:1", 0, 1000.0, policy=PDPolicy(itl_budget_s=0.5, idle_budget_s=0.5))
+    preds = [adm.predict(400, wide), adm.predict(400, slow_prefill)]
+    assert adm.choose(preds, wide, 400).address == "d:1"  # 0.4 s fits its 0.5 s budget
+    fixed = PathQueue("d:1", 0, 1000.0, policy=PDPolicy(min_remote_tokens=10_000))
+    assert adm.choose(preds, fixed, 400).address == "d:1"  # below its threshold: local
+    adm.admit(3000, [PathQueue("p:2", 0, 1000.0, chunk_tokens=64)])
+    assert adm.predict(100, PathQueue("p:2", 0, 1000.0, chunk_tokens=64)).ahead == 64
 
 
 @pytest.mark.parametrize("behavior", [Behavior(), Behavior(reject=grpc.StatusCode.INTERNAL),

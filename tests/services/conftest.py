@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from tests.services.helpers import Client, Cluster, pools_whole, start_decode, start_prefill
+from tests.services.helpers import (
+    FORCE_REMOTE,
+    Client,
+    Cluster,
+    pools_whole,
+    start_decode,
+    start_prefill,
+)
 
 TRANSPORTS = ["nixl", "grpc"]
 
@@ -17,10 +24,11 @@ def model(tiny_llama):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=TRANSPORTS)
 async def pair(request, model):
-    """(prefill server, decode server, client) sharing one transport, for a whole module.
-    Tests leave both pools whole (checked after each test by `whole`)."""
+    """(prefill server, decode server, client) sharing one transport, for a whole module;
+    prompts of 16 uncached tokens or more are prefilled remotely (FORCE_REMOTE: these tests
+    exercise that path). Tests leave both pools whole (checked after each test by `whole`)."""
     prefill = await start_prefill(model, request.param)
-    decode = await start_decode(model, request.param, prefill.address)
+    decode = await start_decode(model, request.param, prefill.address, **FORCE_REMOTE)
     client = Client(decode.address, prefill.address)
     yield prefill, decode, client
     await client.close()

@@ -19,6 +19,9 @@ from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 BLOCK = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# Tests of the remote path say so at the call: with the production P/D cost model (no
+# --min-remote-tokens) a tiny model's short test prompts would all be prefilled locally.
+FORCE_REMOTE = {"min_remote_tokens": 16}
 _ids = itertools.count()
 
 
@@ -36,7 +39,6 @@ def prefill_config(model, transport: str, engine: EngineConfig | None = None,
 
 def decode_config(model, transport: str, prefill_address: str | None,
                   engine: EngineConfig | None = None, **kw) -> DecodeConfig:
-    kw.setdefault("min_remote_tokens", 16)
     return DecodeConfig(engine=engine or engine_config(model), server=ServerConfig(port=0),
                         transport=transport, prefill_address=prefill_address, **kw)
 

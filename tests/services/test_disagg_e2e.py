@@ -11,7 +11,7 @@ from baton import LLM
 from baton.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2
 from tests.reference import hf_greedy
-from tests.services.helpers import BLOCK, GREEDY, Client, start_decode
+from tests.services.helpers import BLOCK, FORCE_REMOTE, GREEDY, Client, start_decode
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -23,6 +23,10 @@ def prompt_of(n: int, seed: int) -> list[int]:
 
 def sent_blocks(prefill) -> float:
     return prefill.metrics.registry.get_sample_value("baton_kv_transferred_blocks_total") or 0
+
+
+def pulled(prefill) -> float:
+    return prefill.metrics.registry.get_sample_value("baton_prefill_pulled_tokens_total") or 0
 
 
 def recomputed_held(decode) -> float:
@@ -51,25 +55,45 @@ async def test_below_and_above_threshold_match_reference(whole, model, colocated
 
 async def test_second_turn_transfers_only_new_blocks(whole, model):
     """Case 5: decode's hit ends at a block edge inside turn 1's output (45 tokens → 40
-    cached), prefill's hit ends elsewhere (its own turn-1 prompt: 32 cached)."""
+    cached), prefill's hit ends elsewhere (its own turn-1 prompt: 32 cached): the prefill
+    worker reads the block it lacks from decode (kv_pull.py) instead of recomputing it."""
     prefill, decode, client = whole
     turn1 = prompt_of(37, seed=1)
     out1 = (await client.generate(turn1)).output
     turn2 = turn1 + out1 + prompt_of(20, seed=2)  # 65 tokens, 9 blocks
-    before = sent_blocks(prefill)
+    before, pulled_before = sent_blocks(prefill), pulled(prefill)
     held_before = recomputed_held(decode)
     res = await client.generate(turn2)
     assert res.output == hf_greedy(model, turn2, 8)
     assert sent_blocks(prefill) - before == 9 - 5  # decode holds 5 full blocks (40 tokens)
-    assert res.fin.usage.cached_tokens == 32  # prefill computed from its own 4-block hit
+    assert pulled(prefill) - pulled_before == 8  # the one block prefill lacked: read
+    assert res.fin.usage.cached_tokens == 40  # nobody computed what decode held
     assert res.fin.timings.remote_prefill
-    # decode held 40, prefill computed from 32: 8 tokens recomputed although held; the 32
-    # nobody computed are counted where decode holds them (its copy is the one used)
-    usage = res.fin.usage
+    usage = res.fin.usage  # counted where decode holds them (its copy is the one used)
     assert [(c.source, c.num_tokens) for c in usage.cached_by] == \
-        [(common_pb2.KV_SOURCE_DECODE_POOL, 32)]
-    assert usage.recomputed_held_tokens == 8
-    assert recomputed_held(decode) - held_before == 8
+        [(common_pb2.KV_SOURCE_DECODE_POOL, 40)]
+    assert usage.recomputed_held_tokens == 0
+    assert recomputed_held(decode) - held_before == 0
+
+
+async def test_a_pull_that_fails_is_computed_instead(whole, model, monkeypatch):
+    """The prefill worker cannot read what decode holds (here: its transport refuses the
+    pull): it computes those tokens itself, the output is unchanged, and the usage says the
+    held tokens were recomputed."""
+    prefill, decode, client = whole
+    turn1 = prompt_of(37, seed=11)
+    out1 = (await client.generate(turn1)).output
+    turn2 = turn1 + out1 + prompt_of(20, seed=12)
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("no pulls today")
+
+    monkeypatch.setattr(type(prefill.sender), "pull", refuse)
+    pulled_before = pulled(prefill)
+    res = await client.generate(turn2)
+    assert res.output == hf_greedy(model, turn2, 8) and res.fin.timings.remote_prefill
+    assert pulled(prefill) == pulled_before
+    assert (res.fin.usage.cached_tokens, res.fin.usage.recomputed_held_tokens) == (32, 8)
 
 
 async def test_prefill_hit_beyond_decode_hit(whole, model):
@@ -78,7 +102,8 @@ async def test_prefill_hit_beyond_decode_hit(whole, model):
     prefill, decode, _ = whole
     prompt = prompt_of(41, seed=3)
     for turn in range(2):
-        other = await start_decode(model, decode.config.transport, prefill.address)
+        other = await start_decode(model, decode.config.transport, prefill.address,
+                                   **FORCE_REMOTE)
         client = Client(other.address)
         try:
             before = sent_blocks(prefill)

@@ -16,6 +16,7 @@ from decode_service.remote_prefill import RemotePrefill
 from protos import common_pb2, prefill_pb2, prefill_pb2_grpc, transfer_pb2
 from tests.reference import hf_greedy
 from tests.services.helpers import (
+    FORCE_REMOTE,
     collect,
     engine_config,
     pools_whole,
@@ -66,7 +67,7 @@ async def test_silent_prefill_blocks_come_back(cluster, model, silent_prefill, t
     decode = await cluster.decode(model, transport, silent_prefill, on_prefill_failure=policy,
                                   prefill_timeout_seconds=0.5, prefill_max_seconds=1.0,
                                   abort_timeout_seconds=0.2,
-                                  quarantine_grace_seconds=0.3)
+                                  quarantine_grace_seconds=0.3, **FORCE_REMOTE)
     client = cluster.client(decode)
     prompt = prompt_of(40, 1)
     res = await client.generate(prompt)
@@ -107,7 +108,8 @@ async def test_slow_prefill_that_keeps_stepping_is_not_cut_off(cluster, model, t
         model, long_prefill_token_threshold=8, max_num_batched_tokens=8))
     _slow_steps(prefill, 0.2)  # 48 tokens in 8-token chunks: >= 6 steps, >= 1.2 s
     decode = await cluster.decode(model, transport, prefill.address,
-                                  prefill_timeout_seconds=0.5, prefill_max_seconds=30)
+                                  prefill_timeout_seconds=0.5, prefill_max_seconds=30,
+                                  **FORCE_REMOTE)
     client = cluster.client(decode)
     prompt = prompt_of(48, 11)
     t0 = asyncio.get_running_loop().time()
@@ -128,7 +130,8 @@ async def test_prefill_that_stops_stepping_is_given_up(cluster, model):
     prefill = await cluster.prefill(model, "grpc")
     _slow_steps(prefill, 0.0, gate)
     decode = await cluster.decode(model, "grpc", prefill.address,
-                                  prefill_timeout_seconds=0.6, prefill_max_seconds=30)
+                                  prefill_timeout_seconds=0.6, prefill_max_seconds=30,
+                                  **FORCE_REMOTE)
     client = cluster.client(decode)
     prompt = prompt_of(40, 12)
     t0 = asyncio.get_running_loop().time()
@@ -146,7 +149,7 @@ async def test_prefill_that_stops_stepping_is_given_up(cluster, model):
 async def test_prefill_rejects_after_decode_reserved(cluster, model):
     """Case 2: prompt over the prefill worker's limit: a clear error, reservation freed."""
     prefill = await cluster.prefill(model, "grpc", max_prompt_tokens=20)
-    decode = await cluster.decode(model, "grpc", prefill.address)
+    decode = await cluster.decode(model, "grpc", prefill.address, **FORCE_REMOTE)
     client = cluster.client(decode)
     call = client.decode.Generate(request(prompt_of(37, 2)), timeout=30)
     with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -170,7 +173,8 @@ async def test_layout_mismatch_is_refused_at_handshake(cluster, model, field, de
     engine = engine_config(model, **decode_kw)
     if field == "dtype":  # a bfloat16 KV cache against the prefill worker's float32 one
         engine = dataclasses.replace(engine, dtype="bfloat16")
-    decode = await cluster.decode(model, "nixl", prefill.address, engine=engine, **extra)
+    decode = await cluster.decode(model, "nixl", prefill.address, engine=engine, **extra,
+                                  **FORCE_REMOTE)
     call = cluster.client(decode).decode.Generate(request(prompt_of(40, 4)), timeout=30)
     with pytest.raises(grpc.aio.AioRpcError) as e:
         [m async for m in call]
@@ -202,7 +206,7 @@ async def test_handshake_names_dtype_and_transport(cluster, model):
 
 async def test_lease_expiry_frees_prefill_blocks(cluster, model, monkeypatch):
     prefill = await cluster.prefill(model, "grpc", lease_seconds=0.3)
-    decode = await cluster.decode(model, "grpc", prefill.address)
+    decode = await cluster.decode(model, "grpc", prefill.address, **FORCE_REMOTE)
 
     async def never_release(peer, rid):
         return False
@@ -222,7 +226,7 @@ async def test_slow_collection_after_lease_expiry(cluster, model, monkeypatch, t
     (and scribbled over here). KV was pushed before the reply, so decode's copy is whole:
     output unchanged, ReleaseBlocks says the lease had ended."""
     prefill = await cluster.prefill(model, transport, lease_seconds=0.2)
-    decode = await cluster.decode(model, transport, prefill.address)
+    decode = await cluster.decode(model, transport, prefill.address, **FORCE_REMOTE)
     real_arrival, released = RemotePrefill._await_arrival, []
 
     async def slow_arrival(self, result):
@@ -249,7 +253,8 @@ async def test_slow_collection_after_lease_expiry(cluster, model, monkeypatch, t
 async def test_transfer_never_confirmed_recomputes(cluster, model, monkeypatch):
     """Prefill says OK but the receiver never sees DONE: never decode from that KV."""
     prefill = await cluster.prefill(model, "nixl")
-    decode = await cluster.decode(model, "nixl", prefill.address, kv_wait_seconds=0.2)
+    decode = await cluster.decode(model, "nixl", prefill.address, kv_wait_seconds=0.2,
+                                  **FORCE_REMOTE)
     real_poll = decode.receiver.poll
     monkeypatch.setattr(decode.receiver, "poll", lambda tid: (
         real_poll(tid), TransferState.IN_PROGRESS)[1])
@@ -263,7 +268,7 @@ async def test_transfer_never_confirmed_recomputes(cluster, model, monkeypatch):
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 async def test_unreachable_prefill(cluster, model, policy):
     decode = await cluster.decode(model, "grpc", "127.0.0.1:1", on_prefill_failure=policy,
-                                  handshake_timeout_seconds=0.5)
+                                  handshake_timeout_seconds=0.5, **FORCE_REMOTE)
     prompt = prompt_of(40, 8)
     call = cluster.client(decode).decode.Generate(request(prompt), timeout=30)
     if policy == "recompute":
@@ -278,7 +283,7 @@ async def test_unreachable_prefill(cluster, model, policy):
 async def test_bad_requests_are_invalid_argument(cluster, model):
     prefill = await cluster.prefill(model, "grpc")
     decode = await cluster.decode(model, "grpc", prefill.address, max_prompt_tokens=100,
-                                  max_n=4)
+                                  max_n=4, **FORCE_REMOTE)
     client = cluster.client(decode, prefill)
     ok = SamplingParams(temperature=0.0, max_tokens=4)
     bad = [
@@ -309,7 +314,7 @@ async def test_bad_requests_are_invalid_argument(cluster, model):
 
 async def test_prefill_validates_and_honours_tombstones(cluster, model):
     prefill = await cluster.prefill(model, "grpc")
-    decode = await cluster.decode(model, "grpc", prefill.address)
+    decode = await cluster.decode(model, "grpc", prefill.address, **FORCE_REMOTE)
     stub = cluster.client(decode, prefill).prefill
     ep = decode.receiver.endpoint()
     good = dict(request_id="p1", prompt_token_ids=list(range(5, 25)), transfer_id="t1",
@@ -336,7 +341,7 @@ async def test_a_fault_while_sending_kv_frees_the_held_blocks(cluster, model, mo
     """A bug in SENDING_KV (here: waiting on the transfer raises) must not leave the prompt's
     blocks held forever: the sequence is dropped and its blocks with it; decode recomputes."""
     prefill = await cluster.prefill(model, "grpc")
-    decode = await cluster.decode(model, "grpc", prefill.address)
+    decode = await cluster.decode(model, "grpc", prefill.address, **FORCE_REMOTE)
 
     async def broken(*args, **kwargs):
         raise RuntimeError("injected fault while sending")

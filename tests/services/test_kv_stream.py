@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.reference import hf_greedy
-from tests.services.helpers import BLOCK, engine_config, pools_whole, request
+from tests.services.helpers import FORCE_REMOTE, BLOCK, engine_config, pools_whole, request
 
 CHUNK = 2 * BLOCK  # the prefill worker's per-request chunk cap: 2 blocks a step
 
@@ -28,7 +28,7 @@ def sample(server, name: str, **labels) -> float:
 async def pair(cluster, model, transport: str, **prefill_kw):
     prefill = await cluster.prefill(model, transport, **prefill_kw,
                                     engine=engine_config(model, long_prefill_token_threshold=CHUNK))
-    decode = await cluster.decode(model, transport, prefill.address)
+    decode = await cluster.decode(model, transport, prefill.address, **FORCE_REMOTE)
     return prefill, decode, cluster.client(decode)
 
 

@@ -1,16 +1,11 @@
-"""The cost-based P/D decider on constructed queue states (decode_service/pd_decider.py)."""
+"""The P/D cost model on constructed queue states (baton/pd_cost.py), and the decode
+worker's learned rates (decode_service/pd_rates.py)."""
 from __future__ import annotations
 
 import pytest
 
-from decode_service.pd_decider import (
-    PRIOR_PREFILL_TOKENS_PER_S,
-    PDEstimator,
-    PDPolicy,
-    PDRates,
-    PDState,
-    decide,
-)
+from baton.pd_cost import PRIOR_PREFILL_TOKENS_PER_S, PDPolicy, PDRates, PDState, decide
+from decode_service.pd_rates import PDEstimator
 
 RATES = PDRates(local_tokens_per_s=2000.0, remote_tokens_per_s=2000.0,
                 transfer_bytes_per_s=1e9)
@@ -83,12 +78,15 @@ def test_min_remote_tokens_overrides_the_estimate(uncached, remote):
     assert (d.remote, d.reason) == (remote, "threshold")
 
 
-def test_transfer_cost_counts_only_blocks_decode_lacks():
+def test_transfer_cost_counts_blocks_written_and_decodes_hit_read_back():
+    """The remote path writes the blocks decode lacks and, at worst, reads every block of
+    decode's hit (the prefill worker reads what it lacks instead of recomputing it): a
+    warm prompt moves as many blocks as a cold one, and computes only its uncached part."""
     slow_link = PDRates(2000.0, 2000.0, transfer_bytes_per_s=1e6)
     cold = decide(state(64), slow_link, POLICY)
     warm = decide(state(64, cached=32), slow_link, POLICY)
-    assert cold.remote_s - warm.remote_s == pytest.approx(
-        2 * BLOCK_BYTES / 1e6 + 32 / 2000, rel=1e-6)
+    assert cold.remote_s - warm.remote_s == pytest.approx(32 / 2000, rel=1e-6)
+    assert cold.remote_s == pytest.approx(64 / 2000 + 4 * BLOCK_BYTES / 1e6 + 0.005)
 
 
 def test_estimator_learns_with_an_ewma_and_ignores_tiny_samples():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from decode_service.pd_decider import Ewma
+from decode_service.pd_rates import Ewma
 from decode_service.peers import PeerLoad
 
 pytestmark = pytest.mark.asyncio

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from baton.worker.process import parse_ready
 from protos import common_pb2
 from tests.reference import hf_greedy
-from tests.services.helpers import Client, pools_whole, start_decode
+from tests.services.helpers import FORCE_REMOTE, Client, pools_whole, start_decode
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,8 +138,8 @@ async def test_prefill_killed_mid_transfer(procs, model):
     decode, (_, victim) = procs
     failing = await start_decode(model, "nixl", victim.address, on_prefill_failure="fail",
                                  quarantine_grace_seconds=0.2, prefill_timeout_seconds=3,
-                                 prefill_max_seconds=3,
-                                 abort_timeout_seconds=1)
+                                 prefill_max_seconds=3, abort_timeout_seconds=1,
+                                 **FORCE_REMOTE)
     client, fclient = Client(decode.address), Client(failing.address)
     try:
         prompt = prompt_of(40, 3)

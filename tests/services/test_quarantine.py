@@ -18,7 +18,7 @@ from decode_service.quarantine import Quarantine
 from prefill_service.sequence import PrefillState
 from protos import common_pb2
 from tests.reference import hf_greedy
-from tests.services.helpers import engine_config, pools_whole, request
+from tests.services.helpers import FORCE_REMOTE, engine_config, pools_whole, request
 from tests.services.test_aborts import prefill_state, wait_for
 from tests.services.test_failures import _slow_steps, prompt_of, sample
 
@@ -32,7 +32,7 @@ async def test_unconfirmed_abort_hold_ends_once_prefill_answers(cluster, model):
     decode = await cluster.decode(model, "nixl", prefill.address,
                                   engine=engine_config(model, num_blocks=12),
                                   abort_timeout_seconds=0.3, prefill_max_seconds=600,
-                                  quarantine_grace_seconds=5)
+                                  quarantine_grace_seconds=5, **FORCE_REMOTE)
     client = cluster.client(decode)
     _slow_steps(prefill, 0.0, gate)  # every prefill step waits: one long step
     try:
@@ -120,7 +120,7 @@ async def test_prefill_refuses_another_process_handshake_and_names_itself(cluste
     cached peer carries another kv_epoch) does no work for it: the prompt is recomputed, the
     peer re-handshaken for the next request; Abort answers say which process answered."""
     prefill = await cluster.prefill(model, "nixl")
-    decode = await cluster.decode(model, "nixl", prefill.address)
+    decode = await cluster.decode(model, "nixl", prefill.address, **FORCE_REMOTE)
     client = cluster.client(decode, prefill)
     epoch = (await client.stats(client.prefill)).kv_epoch
     peer = await decode.peers.get(prefill.address)

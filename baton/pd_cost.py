@@ -1,0 +1,164 @@
+"""The P/D cost model: local or remote prefill for one request, from what each path costs.
+One model for the two places that need it: the decode worker's decider (which path a request
+takes: decode_service/pd_choice.py, through `RemoteKV.add` on the engine thread) and the
+gateway's SLO admission (which path it will take, to predict its TTFT: gateway/admission.py).
+Data in, decision out: no I/O, no clock, nothing shared between threads.
+
+    costs(PDState, PDRates, PDPolicy) -> PDCosts           the decode worker's estimate
+    choose(PDCosts, decode_running, PDPolicy) -> (remote, reason)    the rules, both callers
+
+    uncached = prompt tokens − decode's own prefix hit. The remote path computes exactly these
+               too: what decode holds and the prefill worker lacks is read from decode's pool
+               (PrefillRequest.src_block_ids, prefill_service/kv_pull.py), never recomputed
+    stall    = uncached / local rate           every running sequence waits this long for its
+                                               next token while a local prefill runs (chunking
+                                               spreads the stall over steps, it adds up the same)
+    local    = (decode's local prefill queue + uncached) / local rate
+    remote   = (prefill worker's queue + uncached) / remote rate
+               + (blocks written to decode + blocks decode holds, read by prefill at worst)
+                 × bytes per block / transfer rate + a fixed call overhead
+
+    rules, in order:
+      min_remote_tokens given (--min-remote-tokens)
+                                   → the old fixed threshold                   "threshold"
+      nothing uncached             → local                                     "cached"
+      stall ≤ ITL budget           → the faster of local / remote      "faster_local|remote"
+      decode idle, stall ≤ idle budget (nothing runs here to stall; a sequence arriving
+                                   meanwhile waits at most that long)
+                                   → the faster of local / remote "idle_faster_local|remote"
+      stall > budget, decode busy  → remote                                    "itl_budget"
+      stall > budget, decode idle  → local when going remote costs this request more extra
+                                     wait than the local prefill would block the engine
+                                     (remote − local > stall: the prefill worker is
+                                     saturated)                                "prefill_saturated"
+                                     else remote                               "long_prompt"
+
+How the first turn of a session and its continuations part ways: the gateway keeps a session
+on one decode worker, whose prefix cache then holds the whole previous turn, so a
+continuation's `uncached` is only the new suffix (a tool result, a user message): its stall
+fits the ITL budget, or the idle budget while nothing decodes here, and it goes local — no
+transfer, and no wait behind the prefill worker's queue of long prompts. A first turn (or a
+session that moved) is cold: its stall exceeds both budgets and it goes remote.
+The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
+so the gateway predicts with the budgets decode really uses.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# Priors until the first measurements land: a few thousand prompt tokens/s per side (a 135M
+# model on a GPU does more, on a CPU core less), 1 GB/s transfer.
+PRIOR_PREFILL_TOKENS_PER_S = 2000.0
+PRIOR_TRANSFER_BYTES_PER_S = 1e9
+
+
+@dataclass(frozen=True)
+class PDState:
+    """What the decider knows of this request and of both workers' queues right now.
+
+    num_cached_tokens: decode's own prefix hit (block aligned). decode_running: sequences in
+    decode's running batch (a local prefill stalls each). decode_waiting_tokens: prompt
+    tokens still to prefill here before this one. prefill_waiting_tokens: the prefill
+    worker's num_waiting_tokens (GetStats), aged by its learned rate. block_size in tokens,
+    block_bytes: one KV block's bytes."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    decode_running: int
+    decode_waiting_tokens: int
+    prefill_waiting_tokens: int
+    block_size: int
+    block_bytes: int
+
+
+@dataclass(frozen=True)
+class PDRates:
+    """Prompt tokens/s of a local and a remote prefill, and transfer bytes/s."""
+
+    local_tokens_per_s: float = PRIOR_PREFILL_TOKENS_PER_S
+    remote_tokens_per_s: float = PRIOR_PREFILL_TOKENS_PER_S
+    transfer_bytes_per_s: float = PRIOR_TRANSFER_BYTES_PER_S
+
+
+@dataclass(frozen=True)
+class PDPolicy:
+    """itl_budget_s: the longest stall a local prefill may put on a busy running batch.
+    idle_budget_s: while nothing runs on decode, a local prefill up to this long is chosen
+    when it is the faster path (0: idle decode is treated like a stall past the ITL budget).
+    remote_overhead_s: fixed cost of a remote prefill (Prefill call, receive, first token).
+    min_remote_tokens: when set, the fixed threshold of old replaces the estimate.
+    Defaults: the decode worker's (baton/worker/role_configs.py DecodeConfig)."""
+
+    itl_budget_s: float = 0.05
+    idle_budget_s: float = 0.25
+    remote_overhead_s: float = 0.005
+    min_remote_tokens: int | None = None
+
+    @classmethod
+    def from_stats(cls, itl_budget_ms: float, idle_budget_ms: float,
+                   min_remote_tokens: int) -> PDPolicy:
+        """The policy a decode worker published (WorkerStats fields 19-21; min 0 = none)."""
+        return cls(itl_budget_s=itl_budget_ms / 1e3, idle_budget_s=idle_budget_ms / 1e3,
+                   min_remote_tokens=min_remote_tokens or None)
+
+
+class PDCosts(NamedTuple):
+    """One request's estimate, in tokens and seconds (module docstring)."""
+
+    uncached: int
+    stall_s: float
+    local_s: float
+    remote_s: float
+
+
+@dataclass(frozen=True)
+class PDDecision:
+    remote: bool
+    reason: str
+    local_s: float
+    remote_s: float
+    stall_s: float
+
+    @property
+    def path(self) -> str:
+        return "remote" if self.remote else "local"
+
+
+def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
+    """The estimate of the module docstring for one request."""
+    uncached = max(0, s.num_prompt_tokens - s.num_cached_tokens)
+    stall = uncached / r.local_tokens_per_s
+    local = (s.decode_waiting_tokens + uncached) / r.local_tokens_per_s
+    held = s.num_cached_tokens // s.block_size
+    written = math.ceil(s.num_prompt_tokens / s.block_size) - held  # into decode's blocks
+    read = held  # decode's hit, read by the prefill worker where it lacks it (at worst all)
+    remote = (s.prefill_waiting_tokens + uncached) / r.remote_tokens_per_s \
+        + (written + read) * s.block_bytes / r.transfer_bytes_per_s + p.remote_overhead_s
+    return PDCosts(uncached, stall, local, remote)
+
+
+def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:
+    """(go remote, reason) by the rules of the module docstring."""
+    if p.min_remote_tokens is not None:
+        return c.uncached >= max(1, p.min_remote_tokens), "threshold"
+    if c.uncached == 0:
+        return False, "cached"
+    faster_remote = c.remote_s < c.local_s
+    if c.stall_s <= p.itl_budget_s:
+        return faster_remote, "faster_remote" if faster_remote else "faster_local"
+    if decode_running == 0 and c.stall_s <= p.idle_budget_s:
+        return faster_remote, "idle_faster_remote" if faster_remote else "idle_faster_local"
+    if decode_running > 0:
+        return True, "itl_budget"
+    if c.remote_s - c.local_s > c.stall_s:
+        return False, "prefill_saturated"
+    return True, "long_prompt"
+
+
+def decide(s: PDState, r: PDRates, p: PDPolicy) -> PDDecision:
+    """The path for one request on the decode worker."""
+    c = costs(s, r, p)
+    remote, reason = choose(c, s.decode_running, p)
+    return PDDecision(remote, reason, c.local_s, c.remote_s, c.stall_s)
