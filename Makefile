@@ -1,6 +1,10 @@
 # Baton: `make up` serves the default model; `make test` runs the tests.
 # Both create .venv and install the pinned requirements on a fresh machine.
+#   make up PORT=8001                  the gateway on another port
+#   make up ARGS="--mode colocated"    any other `baton up` flag (baton up --help)
 PY ?= python3
+PORT ?= 8000
+ARGS ?=
 # Where torch comes from. Empty (the default): pip's configured index, like every other pin.
 # Set it where that index gives the wrong build, e.g. Linux x86_64 PyPI's CUDA torch (GBs of
 # NVIDIA wheels) on a CPU machine, or a CUDA version that does not match the GPU driver:
@@ -45,7 +49,7 @@ model: $(STAMP)
 	$(BIN)/baton prepare-model smollm2-135m
 
 up: model
-	$(BIN)/baton up
+	$(BIN)/baton up --port $(PORT) $(ARGS)
 
 test: model
 	$(BIN)/python -m pytest -q -ra

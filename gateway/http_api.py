@@ -71,7 +71,7 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
-    TokenizeRoutes(prompts, routes.model_names, ignored).add_to(app)
+    TokenizeRoutes(prompts, routes.model_names, ignored, pool.kv_dtypes).add_to(app)
     SessionRoutes(dispatcher.router, pool, config.rpc_timeout_s).add_to(app)
     return app
 

@@ -5,7 +5,8 @@
                        add_special_tokens? (false), return_token_strs?}
                    → {"count", "max_model_len", "tokens"} (+ "token_strs" when asked)
     POST /detokenize  {model?, tokens} → {"prompt"}
-    GET  /version     → {"version"} (+ "commit" when the gateway runs from a git checkout)
+    GET  /version     → {"version", "workers_dtype": {address: dtype}} (+ "commit" when the
+                        gateway runs from a git checkout)
 
 The chat form renders the messages through the chat template exactly as
 /v1/chat/completions does, so its count is the prompt_tokens a chat request would be billed.
@@ -55,9 +56,11 @@ class TokenizeRoutes:
     """The three endpoints over the served model's PromptBuilder."""
 
     def __init__(self, prompts: PromptBuilder, model_names: set[str],
-                 ignored: IgnoredFieldLog) -> None:
+                 ignored: IgnoredFieldLog, kv_dtypes=lambda: {}) -> None:
+        """kv_dtypes: () -> {worker address: its KV dtype name} from the workers' stats."""
         self.prompts = prompts
         self.model_names = model_names
+        self.kv_dtypes = kv_dtypes
         self.ignored = ignored
         self.version = {"version": baton.__version__}
         if (commit := baton.source_commit()) is not None:
@@ -94,8 +97,10 @@ class TokenizeRoutes:
         return JSONResponse({"prompt": text}, headers=self._ignored(body, request))
 
     async def get_version(self) -> JSONResponse:
-        """Baton's version (and the source commit when known)."""
-        return JSONResponse(self.version)
+        """Baton's version (and the source commit when known), and the dtype each worker
+        serves in ("float32" | "bfloat16" | "float16", from its KV layout; `--dtype auto`
+        decides it per machine)."""
+        return JSONResponse({**self.version, "workers_dtype": self.kv_dtypes()})
 
     def _token_ids(self, body: TokenizeRequest) -> list[int]:
         if body.prompt is not None:

@@ -49,10 +49,13 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def build_dir() -> Path:
-    """Cache folder of this source's build: keyed by the sources' bytes, torch version, machine."""
+    """Cache folder of this source's build: keyed by the sources' bytes, torch version,
+    machine; under $BATON_CACHE_DIR (as the model cache: a container's volume) or
+    ~/.cache/baton. Raises OSError when a source file is missing (a package without them)."""
     key = hashlib.sha256(b"".join(f.read_bytes() for f in _HASHED) + torch.__version__.encode()
                          + platform.machine().encode()).hexdigest()[:16]
-    return Path.home() / ".cache" / "baton" / "ext" / f"gemv-{key}"
+    root = Path(os.environ.get("BATON_CACHE_DIR", Path.home() / ".cache" / "baton"))
+    return root / "ext" / f"gemv-{key}"
 
 
 def _ninja_on_path() -> bool:
@@ -91,15 +94,15 @@ def _load():
     if _tried:
         return _ext
     _tried = True
-    _ext = _import_built(build_dir())
-    if _ext is not None:
-        return _ext
     try:
+        folder = build_dir()
+        _ext = _import_built(folder)
+        if _ext is not None:
+            return _ext
         if not _ninja_on_path():
             raise RuntimeError("ninja not found (pip install ninja)")
         from torch.utils.cpp_extension import load
 
-        folder = build_dir()
         folder.mkdir(parents=True, exist_ok=True)
         _ext = load(name="baton_gemv", sources=[str(f) for f in _SOURCES],
                     build_directory=str(folder),

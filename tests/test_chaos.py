@@ -151,6 +151,7 @@ def _allowed_loss(out, gateway_kills: list[float]) -> bool:
 
 def test_chaos_run_every_request_answered_and_pools_whole(tiny_llama):
     with baton_up(tiny_llama, "--num-decode", "2", "--restart-delay-s", "0.5",
+                  "--min-remote-tokens", "16",  # the remote path, under the kills
                   "--shutdown-grace-s", "3", "--prefill-max-seconds", str(PREFILL_MAX_S),
                   timeout=300) as (url, proc):
         # baton up prints a line per start, death and restart (children log to files): the

@@ -23,14 +23,18 @@ SYSTEM = ("You are a travel agent. Use tools to look up flights, then answer bri
 
 
 @contextlib.contextmanager
-def baton_up(model: Path, *args: str, timeout: float = 240.0):
-    """Run `baton up` until its ready banner; yield (base_url, process); stop with SIGINT."""
+def baton_up(model: Path | str, *args: str, timeout: float = 240.0,
+             command: tuple[str, ...] = (sys.executable, "-m", "baton.cli"),
+             cwd: Path = REPO, env: dict[str, str] | None = None, num_blocks: int | None = 256):
+    """Run `baton up` (`command` up ...: this checkout's by default) until its ready banner;
+    yield (base_url, process); stop with SIGINT. num_blocks None: pools sized by `baton up`
+    from the memory free (its default)."""
     port = free_port()
+    pool = ["--num-blocks", str(num_blocks)] if num_blocks is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "baton.cli", "up", "--model", str(model), "--port", str(port),
-         "--num-blocks", "256", "--min-remote-tokens", "16", *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        [*command, "up", "--model", str(model), "--port", str(port), *pool, *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env if env is not None else {**os.environ, "PYTHONPATH": str(REPO)})
     lines = []
     deadline = time.monotonic() + timeout
     try:
@@ -54,7 +58,8 @@ def baton_up(model: Path, *args: str, timeout: float = 240.0):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_llama):
-    with baton_up(tiny_llama, "--num-decode", "2") as (url, proc):
+    # the remote path for every prompt of 16 uncached tokens or more: what these tests check
+    with baton_up(tiny_llama, "--num-decode", "2", "--min-remote-tokens", "16") as (url, proc):
         yield url, proc
 
 
@@ -66,7 +71,7 @@ def client(cluster):
 
 
 def model_of(client) -> str:
-    """The served name (`baton up --model FOLDER` serves it under the folder path)."""
+    """The served name (`baton up --model FOLDER` serves it under the folder's name)."""
     return client.models.list().data[0].id
 
 
@@ -77,7 +82,7 @@ def chat(client, messages, session: str | None = None, **kw):
 
 
 def test_chat_and_models(client, tiny_llama):
-    assert [m.id for m in client.models.list().data] == [str(tiny_llama)]
+    assert [m.id for m in client.models.list().data] == [tiny_llama.name]
     r = chat(client, [{"role": "user", "content": "Hello there"}], max_tokens=8,
              temperature=0)
     assert r.choices[0].message.role == "assistant"

@@ -37,8 +37,8 @@ def _read_until(proc, text: str, lines: list[str], timeout_s: float) -> None:
 
 
 def test_killed_prefill_worker_is_restarted_and_the_cluster_serves_on(tiny_llama):
-    with baton_up(tiny_llama, "--restart-delay-s", "0.5", "--shutdown-grace-s", "5") as (url,
-                                                                                          proc):
+    with baton_up(tiny_llama, "--restart-delay-s", "0.5", "--shutdown-grace-s", "5",
+                  "--min-remote-tokens", "16") as (url, proc):  # the remote path
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                timeout=120)
         model = client.models.list().data[0].id

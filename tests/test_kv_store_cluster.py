@@ -35,6 +35,7 @@ def _store_sums(url: str) -> dict[str, float]:
 def test_turn_two_on_the_other_prefill_worker_loads_turn_one_from_the_store(tiny_llama):
     need_mooncake()
     with baton_up(tiny_llama, "--kv-store", "mooncake", "--num-prefill", "2",
+                  "--min-remote-tokens", "16",  # prefills on the prefill workers
                   "--routing", "round-robin", "--kv-store-segment-bytes", str(16 << 20)) \
             as (url, _proc), \
             openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,

@@ -41,10 +41,16 @@ def test_parse_sample_exposition():
         parse_workers("<html>not found</html>")
 
 
-async def _poll(url: str, seconds: float):
+async def _poll(url: str, seconds: float, polls: int = 0):
+    """Run a poller for `seconds`, or until it has `polls` answers (bounded by 20 s: a
+    loaded machine polls slower, so the count, not the time, is what the test waits on)."""
     poller = WorkerPoller(url, interval_s=0.05, timeout_s=1.0)
     task = asyncio.create_task(poller.run())
     await asyncio.sleep(seconds)
+    for _ in range(400):
+        if poller.series(0.0).polls >= polls or task.done():
+            break
+        await asyncio.sleep(0.05)
     poller.stop()
     await asyncio.wait_for(task, 5)
     return poller
@@ -52,7 +58,7 @@ async def _poll(url: str, seconds: float):
 
 def test_poller_series_from_baton(fake):
     _, url = fake
-    poller = asyncio.run(_poll(url, 0.4))
+    poller = asyncio.run(_poll(url, 0.1, polls=2))  # stop() adds the run's last poll
     series = poller.series(origin=0.0).to_dict()
     assert series["available"] and series["note"] is None and series["polls"] >= 3
     decode = series["workers"]["127.0.0.1:50051"]
@@ -72,12 +78,18 @@ def test_poller_skips_quietly_on_404():
 def test_poller_counts_failures_after_a_good_poll(fake):
     server, url = fake
 
+    async def until(poller, field: str) -> None:
+        for _ in range(400):  # on the poller's own progress, not a fixed time (≤ 20 s)
+            if getattr(poller.series(0.0), field) >= 1:
+                return
+            await asyncio.sleep(0.05)
+
     async def run():
         poller = WorkerPoller(url, interval_s=0.05)
         task = asyncio.create_task(poller.run())
-        await asyncio.sleep(0.2)
+        await until(poller, "polls")
         server.worker_metrics = lambda: "garbage text here"   # a broken scrape mid-run
-        await asyncio.sleep(0.2)
+        await until(poller, "failed_polls")
         poller.stop()
         await task
         return poller.series(origin=0.0)

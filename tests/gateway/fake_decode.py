@@ -117,7 +117,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         stats = common_pb2.WorkerStats(
             role=common_pb2.WORKER_ROLE_DECODE, worker_id=self.worker_id, load=self.load,
             num_total_blocks=100, num_free_blocks=100,
-            kv_layout=common_pb2.KVLayout(model="fake", block_size=self.block_size),
+            kv_layout=common_pb2.KVLayout(model="fake", block_size=self.block_size,
+                                          dtype=common_pb2.KV_DTYPE_FLOAT32),
             kv_epoch=self.kv_epoch, metrics_port=self.metrics_port,
             num_waiting_tokens=self.num_waiting_tokens)
         if request.include_block_hashes:

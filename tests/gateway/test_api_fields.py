@@ -173,11 +173,18 @@ async def test_tokenize_prompt_and_chat_and_detokenize(gateway):
     assert (await post(gateway, "/detokenize", {"tokens": []})).json() == {"prompt": ""}
 
 
-async def test_version(gateway):
+async def test_version(gateway, fake):
+    """The version, and the dtype each worker serves in once its stats arrived."""
+    for _ in range(200):
+        w = gateway.pool.get("decode", fake.address)
+        if w is not None and w.stats is not None:
+            break
+        await asyncio.sleep(0.01)
     async with httpx.AsyncClient(base_url=gateway.http_url) as c:
         body = (await c.get("/version")).json()
     assert body["version"] == baton.__version__
-    assert set(body) <= {"version", "commit"}
+    assert set(body) <= {"version", "commit", "workers_dtype"}
+    assert body["workers_dtype"] == {fake.address: "float32"}
 
 
 # ---- ignored fields ----------------------------------------------------------------------
