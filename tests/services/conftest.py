@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from tests.services.helpers import Client, Cluster, pools_whole, start_decode, start_prefill
+from tests.services.helpers import Cluster, pools_whole, start_pair, stop_pair
 
 TRANSPORTS = ["nixl", "grpc"]
 
@@ -19,13 +19,9 @@ def model(tiny_llama):
 async def pair(request, model):
     """(prefill server, decode server, client) sharing one transport, for a whole module.
     Tests leave both pools whole (checked after each test by `whole`)."""
-    prefill = await start_prefill(model, request.param)
-    decode = await start_decode(model, request.param, prefill.address)
-    client = Client(decode.address, prefill.address)
-    yield prefill, decode, client
-    await client.close()
-    await decode.stop(drain_s=0)
-    await prefill.stop(drain_s=0)
+    pair = await start_pair(model, request.param)
+    yield pair
+    await stop_pair(*pair)
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -50,6 +50,20 @@ async def start_decode(model, transport: str, prefill_address: str | None,
     return await DecodeServer(decode_config(model, transport, prefill_address, **kw)).start()
 
 
+async def start_pair(model, transport: str, engine: EngineConfig | None = None):
+    """(prefill server, decode server, client) on one transport, both with `engine`'s config
+    (default: `engine_config(model)`)."""
+    prefill = await start_prefill(model, transport, engine=engine)
+    decode = await start_decode(model, transport, prefill.address, engine=engine)
+    return prefill, decode, Client(decode.address, prefill.address)
+
+
+async def stop_pair(prefill, decode, client) -> None:
+    await client.close()
+    await decode.stop(drain_s=0)
+    await prefill.stop(drain_s=0)
+
+
 @dataclass
 class Result:
     tokens: dict[int, list[int]] = field(default_factory=dict)
