@@ -1,6 +1,6 @@
 """bf16 batch-1 decode step against the bf16 weight-read floor and the fp32 path, in one run.
 
-    PYTHONPATH=$PWD python benchmarks/cpu_gemv_bf16.py [--threads 1] [--rounds 5] [--model smollm2-135m]
+    PYTHONPATH=$PWD python benchmarks/cpu_gemv_bf16.py [--threads 1] [--rounds 5] [--model M]
 
 1. Per SmolLM2 GEMV shape (qkv 576→960, o 576→576, gate_up 576→3072, down 1536→576, lm_head
    576→49152), B = 1: ms per product and GB/s of weight reads of the native bf16 GEMV (the
@@ -27,7 +27,7 @@ import torch
 
 from baton.dtypes import cpu_flags
 from baton.models.linear import Linear
-from benchmarks.cpu_gemv import SHAPES, _decode_steps_ms, _sweep_ms
+from benchmarks.cpu_gemv import SHAPES, _decode_steps_ms, _sweep_ms, add_common_args, start
 from kernels import cpu_decode
 from kernels import gemv as native
 
@@ -41,7 +41,8 @@ def cpu_line() -> str:
     except (OSError, StopIteration):
         pass
     keep = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16")
-    return f"{name}; flags: {' '.join(f for f in keep if f in cpu_flags()) or 'none of ' + str(keep)}"
+    have = " ".join(f for f in keep if f in cpu_flags()) or f"none of {keep}"
+    return f"{name}; flags: {have}"
 
 
 def read_pass_ms(weights: list[torch.Tensor], clock, reps: int = 3) -> float:
@@ -61,7 +62,8 @@ def read_pass_ms(weights: list[torch.Tensor], clock, reps: int = 3) -> float:
 
 
 def bench_shapes(rounds: int) -> None:
-    print(f"{'shape':8s} {'bf16 ms':>8s} {'GB/s':>5s} {'fp32 ms':>8s} {'GB/s':>5s}  (B = 1, native)")
+    print(f"{'shape':8s} {'bf16 ms':>8s} {'GB/s':>5s} {'fp32 ms':>8s} {'GB/s':>5s}"
+          "  (B = 1, native)")
     for name, (out, k) in SHAPES.items():
         ms, gbs = {}, {}
         for dtype in (torch.bfloat16, torch.float32):
@@ -95,26 +97,18 @@ def bench_step(model: str, rounds: int, context: int, clock) -> None:
         mb = sum(w.numel() * w.element_size() for w in weights[d]) / 1e6
         print(f"  {d:9s} step {step:6.1f} ms  read floor {floor:5.1f} ms ({mb:.0f} MB)  "
               f"{step / floor:.2f}x the floor  [native GEMV {m.native_gemv}, "
-              f"fused decode ops {m.fused_decode}]  rounds " + " ".join(f"{v:.1f}" for v in steps[d]))
+              f"fused decode ops {m.fused_decode}]  rounds "
+              + " ".join(f"{v:.1f}" for v in steps[d]))
     ratio = statistics.median(steps["bfloat16"]) / statistics.median(steps["float32"])
     print(f"  bf16 / fp32 step: {ratio:.2f}", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=1, help="torch threads (workers default: 1)")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--context", type=int, default=256, help="prompt tokens before decoding")
+    add_common_args(p)
     p.add_argument("--skip-shapes", action="store_true", help="only the whole-step part")
-    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
-                   help="clock of steps and floors (default: cpu, i.e. thread CPU time, at 1 "
-                        "thread; wall otherwise)")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    if not native.gemv_available():
-        raise SystemExit("the native GEMV extension did not build here (see the log)")
-    clock_name = args.clock or ("cpu" if args.threads == 1 else "wall")
+    clock_name = start(args)
     clock = time.thread_time if clock_name == "cpu" else time.perf_counter
     ext = native._load()
     print(f"CPU: {cpu_line()}\nthreads {torch.get_num_threads()}, clock {clock_name}, load average "

@@ -66,8 +66,9 @@ def check_logprobs_close(outputs_0, outputs_1, name_0: str, name_1: str) -> int:
         assert len(ids_0) == len(ids_1) == NEW_TOKENS
         for pos, (a, b) in enumerate(zip(ids_0, ids_1)):
             if a != b:
-                assert a in top_1[pos], f"prompt {i} position {pos}: {name_0} {a} not in {name_1}'s top-{TOP}"
-                assert b in top_0[pos], f"prompt {i} position {pos}: {name_1} {b} not in {name_0}'s top-{TOP}"
+                where = f"prompt {i} position {pos}"
+                assert a in top_1[pos], f"{where}: {name_0} {a} not in {name_1}'s top-{TOP}"
+                assert b in top_0[pos], f"{where}: {name_1} {b} not in {name_0}'s top-{TOP}"
                 break
         else:
             exact += 1

@@ -60,7 +60,7 @@ def _assert_bounds(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
     err = (y.double() - exact).abs().max().item()
     base = (g.gemv_ref(x, w).double() - exact).abs().max().item()
     atol = U_BF16 * exact.abs().max().item()
-    assert err <= 2 * base + atol, f"kernel err {err:.3g} > 2 * torch bf16 err {base:.3g} + {atol:.3g}"
+    assert err <= 2 * base + atol, f"err {err:.3g} > 2 * torch bf16 err {base:.3g} + {atol:.3g}"
 
 
 @needs_native
