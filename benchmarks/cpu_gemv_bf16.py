@@ -114,7 +114,8 @@ def main() -> None:
     print(f"CPU: {cpu_line()}\nthreads {torch.get_num_threads()}, clock {clock_name}, load average "
           f"{os.getloadavg()}, bf16 GEMV variant "
           f"{'AVX512_BF16' if ext.has_avx512_bf16() else 'AVX2 or scalar'}, fused decode ops "
-          f"{'AVX-512F' if cpu_decode.fast_available() else 'off (no AVX-512F)'}", flush=True)
+          f"{'AVX-512F' if cpu_decode.fast_available() else 'scalar (bf16 only; no AVX-512F)'}",
+          flush=True)
     if not args.skip_shapes:
         bench_shapes(args.rounds)
     bench_step(args.model, args.rounds, args.context, clock)

@@ -14,8 +14,8 @@ does it in one pass per token, reading K/V in place through the block table; the
 bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
 order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
 pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
-All are built into the `kernels.gemv` extension; their scalar variants (CPUs without AVX-512)
-are a correctness fallback, and the decoder uses these ops only where `fast_available()`.
+All are built into the `kernels.gemv` extension. In fp32 their scalar variants (CPUs without
+AVX-512) are a correctness fallback, and the decoder uses these ops only where `use_fused(dtype)`.
 
 bf16: the cache is read in place (widened to fp32 in registers, no conversion of the pool);
 every torch bf16 op of the reference is replayed with its rounding (rotary products and sum,
@@ -44,6 +44,17 @@ def fast_available() -> bool:
     portable correctness fallback only (the scalar attention is slower than the torch path), so
     the decoder takes the fused step only when this holds; AVX2-only CPUs keep the torch ops."""
     return available() and bool(_gemv._load().has_avx512())
+
+
+def use_fused(dtype: torch.dtype) -> bool:
+    """Whether a CPU decode step of a `dtype` model should take these ops. fp32: only where
+    `fast_available()`. bf16: wherever the extension is built, scalar variants included: torch's
+    bf16 ops are slow on a CPU without AVX-512 too (in a rough check on a loaded AVX2 EPYC the
+    scalar fused step was not slower than the torch one), and the native attention is batch
+    invariant where torch's batched SDPA (contexts padded to the longest, masked) is not."""
+    if dtype == torch.bfloat16:
+        return available()
+    return dtype == torch.float32 and fast_available()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,9 @@ bf16 cannot be token-exact against fp32, nor against transformers' own bf16 (oth
 in other orders), so this follows vLLM's `check_logprobs_close` (tests/models/utils.py there): per
 prompt, the greedy tokens agree at every position up to the first divergence; at a divergence
 each side's token is in the other's top-5 at that position, and the check stops there. 24 prompts
-of 1 to 60 tokens, 12 greedy tokens each, on the path a bf16 CPU model takes here (native bf16
-GEMV for decode, torch bf16 GEMM for prefill) and with the fused native decode ops forced on
-(their scalar variants on a CPU without AVX-512F).
+of 1 to 60 tokens, 12 greedy tokens each, on the path a bf16 CPU model takes (torch's bf16 GEMM
+for prefill; for decode the native bf16 GEMV and, without per-head q/k norms, the fused native
+decode ops, scalar variants on a CPU without AVX-512F) and with torch's decode ops instead.
 """
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def test_bf16_logprobs_close_to_transformers_bf16(arch, fused, request):
     model = llm.engine.model
     assert llm.engine.runner.kv_cache.dtype == torch.bfloat16
     assert model.native_gemv, "a bf16 CPU model must store its matrices for the native GEMV"
+    assert model.fused_decode == (arch != "tiny_qwen3")  # the default: native ops where they fit
     model.fused_decode = fused  # on: the native bf16 ops read the bf16 cache in place
     exact = check_logprobs_close(_baton(llm), _reference(folder), "baton", "transformers")
     # not vacuous: on these peaked random models most prompts agree on all 12 tokens
@@ -110,3 +111,39 @@ def test_the_rule_catches_a_wrong_token():
     assert check_logprobs_close(near, ref, "a", "b") == 0
     with pytest.raises(AssertionError, match="position 1"):
         check_logprobs_close(far, ref, "a", "b")
+
+
+def _step(model, kv, rows, block_size: int):
+    """One decode-only step over `rows` = [(token, position, block table)] → logits [B, V]."""
+    from baton.models.decoder import AttentionMetadata
+
+    width = max(len(t) for _, _, t in rows)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([t[p // block_size] * block_size + p % block_size
+                                   for _, p, t in rows]),
+        num_decode_tokens=len(rows),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for _, _, t in rows],
+                                         dtype=torch.int32),
+        decode_context_lens=torch.tensor([p + 1 for _, p, _ in rows], dtype=torch.int32))
+    ids, pos = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+    return model.compute_logits(model.forward(ids, pos, meta, kv))
+
+
+def test_bf16_decode_step_is_batch_invariant(tiny_llama):
+    """A sequence's logits in a decode-only step are the same bits alone or beside others: the
+    bf16 model takes the fused native step on every CPU (kernels.cpu_decode.use_fused), whose
+    GEMV sums in one fixed order and whose attention runs per sequence. (The torch step is not:
+    its batched SDPA over contexts padded to the longest changes a row's bits.)"""
+    llm = LLM(str(tiny_llama), dtype="bfloat16", block_size=16, num_blocks=64)
+    model = llm.engine.model
+    assert model.fused_decode
+    g = torch.Generator().manual_seed(0)
+    kv = (torch.randn(64, *llm.engine.runner.kv_cache.shape[1:], generator=g) * 0.5).bfloat16()
+    lens = [1, 17, 40, 33, 5, 64, 16, 9]  # cached context; the new token sits at position len
+    firsts = [sum(1 + m // 16 for m in lens[:i]) for i in range(len(lens))]  # distinct blocks
+    tables = [list(range(f, f + 1 + n // 16)) for f, n in zip(firsts, lens)]
+    rows = [(3 + 11 * i, n, t) for i, (n, t) in enumerate(zip(lens, tables))]
+    together = _step(model, kv.clone(), rows, 16)
+    for i, row in enumerate(rows):
+        assert torch.equal(_step(model, kv.clone(), [row], 16)[0], together[i]), f"row {i}"
+    assert torch.equal(_step(model, kv.clone(), rows[2:5], 16), together[2:5])

@@ -9,9 +9,10 @@ decode steps of <= 16 tokens stream the weights at the memory-read floor, bf16 w
 prefill keeps torch's GEMM, oneDNN/AMX for bf16); fp16, or a machine where the extension does not
 build, keep the torch layout ((in, out), the big matrices as two column halves, see linear.py).
 
-A CPU step of decode tokens only, with the native extension built on an AVX-512 CPU and no
-per-head q/k norm, runs each layer's rotary + KV write + paged attention as one native call
-(`kernels.cpu_decode`, K/V read in place through the block table), and each residual add + RMSNorm
+A CPU step of decode tokens only, with the native extension built (fp32: on an AVX-512 CPU;
+bf16: on any, see `kernels.cpu_decode.use_fused`) and no per-head q/k norm, runs each layer's
+rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/V read in place
+through the block table), and each residual add + RMSNorm
 and the SiLU·mul as one call each, in fp32 or bf16 (a bf16 KV cache read in place, fp32 softmax;
 see kernels/cpu_decode.py). Other CPU steps first build a
 `kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
@@ -171,7 +172,7 @@ class DecoderModel:
         # the fused CPU decode op (kernels.cpu_decode): fp32 or bf16 with the native extension
         # built; its rotary comes right after the q/k/v projection, so not with Qwen3's per-head
         # q/k norm
-        self.fused_decode = (self.native_gemv and cpu_decode.fast_available()
+        self.fused_decode = (self.native_gemv and cpu_decode.use_fused(dtype)
                              and all(layer.q_norm is None for layer in self.layers))
         self._silu = cfg.hidden_act == "silu"
         # called before every layer but the first (worker: cpu_share.py re-reads the other
