@@ -12,6 +12,7 @@ only and an Intel Xeon with AMX in successive sessions. No torch import (the gat
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 DTYPES = ("float32", "bfloat16", "float16")
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -20,7 +21,8 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 @functools.cache
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The first CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    """The first CPU's feature flags from /proc/cpuinfo (empty where there is none: auto
+    then chooses float32, the dtype every CPU runs well)."""
     try:
         with open(path) as f:
             for line in f:
@@ -31,16 +33,18 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def resolve_dtype(name: str, device: str = "cpu",
-                  flags: frozenset[str] | None = None) -> str:
+def resolve_dtype(name: str, device: str = "cpu", flags: Iterable[str] | None = None) -> str:
     """`name` itself unless it is "auto"; then the module docstring's rule for `device`
     ("cpu", "cuda", "cuda:N"), with `flags` the CPU's (default: this machine's).
-    ValueError for a name that is neither "auto" nor in DTYPES."""
+    ValueError for a name that is neither "auto" nor in DTYPES, or an unknown device."""
     if name != "auto":
         if name not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {list(DTYPES)}, got {name!r}")
         return name
-    if device.startswith("cuda"):
+    kind = device.partition(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    if kind == "cuda":
         return "bfloat16"
-    have = cpu_flags() if flags is None else flags
+    have = cpu_flags() if flags is None else frozenset(flags)
     return "bfloat16" if have & BF16_CPU_FLAGS else "float32"

@@ -20,6 +20,8 @@ class LLM:
     max_num_seqs requests of max_model_len tokens, within kv_memory_fraction of the memory
     free after the model loads (baton/engine/kv_budget.py).
 
+    dtype: "auto" (the default: bfloat16 on CUDA and on CPUs with AVX512_BF16 or AMX, else
+    float32; baton/dtypes.py), "float32" (the exactness reference), "bfloat16", "float16".
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
     num_blocks, kv_cache_memory_bytes, kv_memory_fraction, enable_prefix_caching,
     kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes, kv_store_url, ...) or
@@ -28,7 +30,7 @@ class LLM:
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """
 
-    def __init__(self, model: str = "smollm2-135m", dtype: str = "float32", **kwargs) -> None:
+    def __init__(self, model: str = "smollm2-135m", dtype: str = "auto", **kwargs) -> None:
         cache_keys = CacheConfig.__dataclass_fields__.keys()
         sched_keys = SchedulerConfig.__dataclass_fields__.keys()
         engine_keys = {"max_model_len", "seed", "device"}

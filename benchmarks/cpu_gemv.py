@@ -167,28 +167,39 @@ def bench_prefill(model: str, rounds: int, tokens: int) -> None:
               + " ".join(f"{v:.0f}" for v in values) + ")", flush=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared with benchmarks/cpu_gemv_bf16.py."""
     p.add_argument("--threads", type=int, default=1, help="torch threads (workers default: 1)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--context", type=int, default=256, help="prompt tokens before decoding")
-    p.add_argument("--seqs", default="1,8", help="decode batch sizes of the whole-step part")
-    p.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
-    p.add_argument("--skip-step", action="store_true", help="only the per-shape table")
     p.add_argument("--clock", choices=["wall", "cpu"], default=None,
                    help="decode-step clock (default: cpu, i.e. thread CPU time, at 1 thread; "
                         "wall otherwise)")
-    args = p.parse_args()
+
+
+def start(args: argparse.Namespace) -> str:
+    """Set torch's threads, build the native extension (SystemExit if it cannot be built);
+    returns the clock's name."""
     torch.set_num_threads(args.threads)
     if not native.gemv_available():
         raise SystemExit("the native GEMV extension did not build here (see the log)")
+    return args.clock or ("cpu" if args.threads == 1 else "wall")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--seqs", default="1,8", help="decode batch sizes of the whole-step part")
+    p.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
+    p.add_argument("--skip-step", action="store_true", help="only the per-shape table")
+    args = p.parse_args()
+    clock = start(args)
     print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()}, "
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
     bw_buf = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
     bench_shapes(args.rounds, bw_buf)
     if not args.skip_step:
-        clock = args.clock or ("cpu" if args.threads == 1 else "wall")
         print(f"decode-step clock: {clock}")
         for seqs in map(int, args.seqs.split(",")):
             bench_step(args.model, args.rounds, args.context, seqs, bw_buf,

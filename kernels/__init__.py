@@ -8,11 +8,12 @@ is contiguous across layers for transfer):
     layer l:  key_cache = kv_cache[:, l, 0]   value_cache = kv_cache[:, l, 1]   (strided views)
     slot = block_id * block_size + offset_in_block
 
-`kernels/gemv.py` is the CPU side: a native small-batch fp32 GEMV (a torch C++ extension from
-`kernels/csrc/gemv.cpp`, built on first use) beside its torch reference; import it as the module
-`kernels.gemv` (it is not re-exported here, so the name stays the module's). The same extension
-holds the fused fp32 CPU decode ops of `kernels/cpu_decode.py` (rotary + KV write + paged
-attention over the block table; add+RMSNorm; SiLU·mul), each beside its torch reference.
+`kernels/gemv.py` is the CPU side: a native small-batch fp32 / bf16 GEMV (a torch C++ extension
+from `kernels/csrc/gemv.cpp` and `gemv_bf16.cpp`, built on first use) beside its torch reference;
+import it as the module `kernels.gemv` (it is not re-exported here, so the name stays the
+module's). The same extension holds the fused fp32 / bf16 CPU decode ops of
+`kernels/cpu_decode.py` (rotary + KV write + paged attention over the block table, a bf16 cache
+read in place; add+RMSNorm; SiLU·mul), each beside its torch reference.
 
 This is a leaf package: it imports nothing of Baton's. Hugging Face has an unrelated optional
 package also imported as `kernels`; transformers accepts it only at versions in [0.18.2, 0.19.0),

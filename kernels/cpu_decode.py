@@ -1,11 +1,11 @@
-"""Fused fp32 CPU decode ops: rotary + KV-cache write + paged attention in one native call, and
-residual add + RMSNorm, SiLU·mul (each beside its torch reference).
+"""Fused fp32 / bf16 CPU decode ops: rotary + KV-cache write + paged attention in one native call,
+and residual add + RMSNorm, SiLU·mul (each beside its torch reference).
 
-    qkv [T, (Hq + 2·Hkv)·D] fp32     one decode token per sequence (rows: q heads, k heads, v heads)
+    qkv [T, (Hq + 2·Hkv)·D]          one decode token per sequence (rows: q heads, k heads, v heads)
     cos, sin_signed [max_pos, D]     rotary tables (sin's first half negated, see decoder._rotate)
     positions [T] int64              slot_mapping [T] int64 (< 0: do not write)
     kv_cache [NB, L, 2, BS, Hkv, D]  block_tables [T, max_blocks] int32, context_lens [T] int32
-    → out [T, Hq·D] fp32
+    → out [T, Hq·D]                  qkv, tables, cache and out all fp32 or all bf16
 
 On CPU the torch path of a decode layer is ~15 small ops (rotary, cat, index_copy_, index_select
 of every context, view/transpose, SDPA); after a layer's GEMVs each costs 5-50 µs here, and the
@@ -14,8 +14,15 @@ does it in one pass per token, reading K/V in place through the block table; the
 bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
 order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
 pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
-All are built into the `kernels.gemv` extension; their scalar variants (CPUs without AVX-512)
-are a correctness fallback, and the decoder uses these ops only where `fast_available()`.
+All are built into the `kernels.gemv` extension. In fp32 their scalar variants (CPUs without
+AVX-512) are a correctness fallback, and the decoder uses these ops only where `use_fused(dtype)`.
+
+bf16: the cache is read in place (widened to fp32 in registers, no conversion of the pool);
+every torch bf16 op of the reference is replayed with its rounding (rotary products and sum,
+residual add, normed value, weight product, silu), so the written K/V and the residual stream
+are bit-identical to the torch path's; the attention's scores, softmax and weighted sum of V are
+fp32 throughout and round once to bf16 (torch's bf16 SDPA also rounds the probabilities to bf16
+before P·V, so the native op is the closer of the two to fp32 attention).
 """
 from __future__ import annotations
 
@@ -37,6 +44,17 @@ def fast_available() -> bool:
     portable correctness fallback only (the scalar attention is slower than the torch path), so
     the decoder takes the fused step only when this holds; AVX2-only CPUs keep the torch ops."""
     return available() and bool(_gemv._load().has_avx512())
+
+
+def use_fused(dtype: torch.dtype) -> bool:
+    """Whether a CPU decode step of a `dtype` model should take these ops. fp32: only where
+    `fast_available()`. bf16: wherever the extension is built, scalar variants included: torch's
+    bf16 ops are slow on a CPU without AVX-512 too (in a rough check on a loaded AVX2 EPYC the
+    scalar fused step was not slower than the torch one), and the native attention is batch
+    invariant where torch's batched SDPA (contexts padded to the longest, masked) is not."""
+    if dtype == torch.bfloat16:
+        return available()
+    return dtype == torch.float32 and fast_available()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -61,7 +79,16 @@ def decode_attention_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch
         if slot >= 0:
             kv_cache[slot // bs, layer, 0, slot % bs] = k[i]
             kv_cache[slot // bs, layer, 1, slot % bs] = v[i]
-    out = torch.empty(t, num_heads, d, dtype=qkv.dtype)
+    return attend_ref(q, kv_cache, layer, block_tables, context_lens, scale)
+
+
+def attend_ref(q: torch.Tensor, kv_cache: torch.Tensor, layer: int, block_tables: torch.Tensor,
+               context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention part of `decode_attention_ref`: rotated q [T, Hq, D] over each token's context
+    [0, context_lens[t]) read through its block table → [T, Hq·D], SDPA in q's dtype."""
+    _, _, _, bs, hkv, d = kv_cache.shape
+    t, num_heads = q.shape[0], q.shape[1]
+    out = torch.empty(t, num_heads, d, dtype=q.dtype)
     for i in range(t):
         n = int(context_lens[i])
         pos = torch.arange(n)
@@ -74,10 +101,12 @@ def decode_attention_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch
 
 
 def supported(kv_cache: torch.Tensor, num_heads: int) -> bool:
-    """Whether the native op takes this cache and head count (fp32 CPU, group <= 8, even D)."""
+    """Whether the native op takes this cache and head count (fp32 or bf16 CPU, group <= 8,
+    even D <= 512)."""
     hkv, d = kv_cache.shape[4], kv_cache.shape[5]
-    return (kv_cache.dtype == torch.float32 and not kv_cache.is_cuda and kv_cache.is_contiguous()
-            and num_heads % hkv == 0 and num_heads // hkv <= 8 and d % 2 == 0)
+    return (kv_cache.dtype in (torch.float32, torch.bfloat16) and not kv_cache.is_cuda
+            and kv_cache.is_contiguous() and num_heads % hkv == 0 and num_heads // hkv <= 8
+            and d % 2 == 0 and d <= 512)
 
 
 def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
@@ -92,7 +121,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
     ext = _gemv._load()
     if ext is None:
         raise RuntimeError("native CPU ops are unavailable (see the log)")
-    out = torch.empty(qkv.shape[0], num_heads * kv_cache.shape[5], dtype=torch.float32)
+    out = torch.empty(qkv.shape[0], num_heads * kv_cache.shape[5], dtype=kv_cache.dtype)
     ext.decode_attention_out(qkv, cos, sin_signed, positions, kv_cache, layer, slot_mapping,
                              block_tables, context_lens, scale, num_heads, out, isa)
     return out
@@ -100,16 +129,19 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
 
 def add_rms_norm_ref(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
                      eps: float) -> torch.Tensor:
-    """Torch reference: h += r in place (if r is given), then transformers' LlamaRMSNorm of h."""
+    """Torch reference: h += r in place (if r is given), then transformers' LlamaRMSNorm of h
+    (statistics in fp32, the normed value rounded to h's dtype before the weight product)."""
     if r is not None:
         h += r
-    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+    hf = h.float()
+    return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
 
 
 def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float,
                  isa: int = ISA_BEST) -> torch.Tensor:
-    """Native `add_rms_norm_ref`: h [T, H] fp32 contiguous (updated in place when r [T, H] is
-    given), w [H] → [T, H]. RuntimeError on a wrong shape/dtype or without the extension."""
+    """Native `add_rms_norm_ref`: h [T, H] fp32 or bf16 contiguous (updated in place when r [T, H]
+    is given), w [H], all one dtype → [T, H]. RuntimeError on a wrong shape/dtype or without the
+    extension."""
     ext = _gemv._load()
     if ext is None:
         raise RuntimeError("native CPU ops are unavailable (see the log)")
@@ -125,11 +157,12 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul(gate_up: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
-    """Native `silu_mul_ref` (fp32 contiguous [T, 2I] → [T, I]); RuntimeError as above."""
+    """Native `silu_mul_ref` (fp32 or bf16 contiguous [T, 2I] → [T, I], same dtype; bf16: silu
+    rounded to bf16 before the product, as torch's two ops); RuntimeError as above."""
     ext = _gemv._load()
     if ext is None:
         raise RuntimeError("native CPU ops are unavailable (see the log)")
-    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=torch.float32)
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
     ext.silu_mul_out(gate_up, out, isa)
     return out
 

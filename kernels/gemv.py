@@ -1,7 +1,8 @@
-"""Small-batch fp32 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
+"""Small-batch fp32 / bf16 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
 
-    x [B, in] fp32, B <= 16 (decode rows)     w [out, in] fp32, contiguous (laid out once at load)
+    x [B, in], B <= 16 (decode rows)          w [out, in], contiguous (laid out once at load)
     y [B, out] = x @ w.T                      each y[b, o] = one contiguous dot product over w[o]
+    fp32: x, w, y fp32                        bf16: x, w, y bf16, fp32 sums, y rounded once
 
 Batch-1 decode is bound by reading every weight once per step. On the AMD EPYC VM of issue 17
 torch/MKL's fp32 GEMV read 11–16 GB/s while llama.cpp's CPU backend streamed ~22 GB/s on one
@@ -17,6 +18,13 @@ C++ compiler) into `~/.cache/baton/ext/gemv-<hash of source, torch version, mach
 reused. One build serves every x86-64 CPU: its AVX-512 / AVX2+FMA variants are selected at run
 time from the CPU's flags, with a scalar loop elsewhere. If the build fails, `gemv_available()`
 is False (logged once) and callers keep the torch path; nothing raises.
+
+bf16 (`kernels/csrc/gemv_bf16.cpp`): torch's bf16 linear semantics (fp32 sums of exact bf16
+products, one round-to-nearest-even at the end) in one fixed summation order shared by its
+AVX512_BF16 (`_mm512_dpbf16_ps`), AVX2 (bf16 widened in registers) and scalar variants, so a
+row's result does not depend on the batch, the tiling or the thread count (`gemv_bf16_order_ref`
+replays that order in torch), and the variants agree bit for bit (AVX512_BF16 excepted for
+subnormals, which it flushes).
 """
 from __future__ import annotations
 
@@ -31,13 +39,15 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 16  # above this the step is a prefill: torch's GEMM is at parity there
-ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
+ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AVX512_BF16 = 0, 1, 2, 3, 4
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
-# one extension: gemv.cpp's module init also registers the ops of cpu_decode.cpp and
-# cpu_norm.cpp (used by kernels/cpu_decode.py); the build key hashes the headers too
-_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp", _SOURCE.parent / "cpu_norm.cpp"]
-_HASHED = _SOURCES + [_SOURCE.parent / "simd_exp.h", _SOURCE.parent / "isa.h"]
+# one extension: gemv.cpp's module init also registers the ops of gemv_bf16.cpp, cpu_decode.cpp
+# and cpu_norm.cpp (used by kernels/cpu_decode.py); the build key hashes the headers too
+_SOURCES = [_SOURCE, _SOURCE.parent / "gemv_bf16.cpp", _SOURCE.parent / "cpu_decode.cpp",
+            _SOURCE.parent / "cpu_norm.cpp"]
+_HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.h")]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False
@@ -46,6 +56,25 @@ _tried = False
 def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Torch reference and fallback: x [B, in] @ w[out, in].T → [B, out], same dtype."""
     return x @ w.t()
+
+
+def gemv_bf16_order_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The native bf16 GEMV's exact arithmetic in torch (slow; for tests): x [B, in] bf16 @
+    w [out, in].T bf16 → [B, out] bf16. k in chunks of 32, zero-padded; fp32 lane j (of 16) adds
+    the product of element 32c + 2j + 1, then that of 32c + 2j (exact bf16 products, one
+    rounding per add: the order of AVX512_BF16's VDPBF16PS); lanes summed as a tree (j + 8, j + 4,
+    j + 2, j + 1); the fp32 sum rounded to bf16 (nearest even) once."""
+    k = x.shape[1]
+    pad = -k % 32
+    xf = torch.nn.functional.pad(x.float(), (0, pad)).view(x.shape[0], 1, -1, 16, 2)
+    wf = torch.nn.functional.pad(w.float(), (0, pad)).view(1, w.shape[0], -1, 16, 2)
+    lanes = torch.zeros(x.shape[0], w.shape[0], 16)
+    for c in range(xf.shape[2]):
+        lanes = lanes + xf[:, :, c, :, 1] * wf[:, :, c, :, 1]
+        lanes = lanes + xf[:, :, c, :, 0] * wf[:, :, c, :, 0]
+    for half in (8, 4, 2, 1):
+        lanes = lanes[..., :half] + lanes[..., half:2 * half]
+    return lanes[..., 0].to(torch.bfloat16)
 
 
 def build_dir() -> Path:
@@ -119,11 +148,19 @@ def gemv_available() -> bool:
     return _load() is not None
 
 
-def gemv_native(x: torch.Tensor, w: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
-    """Native launcher: x [B, in] fp32 CPU (unit inner stride) @ w [out, in].T → [B, out] fp32.
+def _run(ext, x: torch.Tensor, w: torch.Tensor, isa: int) -> torch.Tensor:
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
+    (ext.gemv_out if x.dtype == torch.float32 else ext.gemv_bf16_out)(x, w, out, isa)
+    return out
 
-    `w` must be contiguous; `isa` forces a variant (ISA_SCALAR / ISA_AVX2 / ISA_AVX512, for
-    tests; RuntimeError if the CPU lacks it). Asserts what it needs to read memory safely; the
+
+def gemv_native(x: torch.Tensor, w: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
+    """Native launcher: x [B, in] CPU (unit inner stride) @ w [out, in].T → [B, out], all fp32
+    or all bf16 (bf16: fp32 sums, rounded once; see gemv_bf16_order_ref).
+
+    `w` must be contiguous; `isa` forces a variant (fp32: ISA_SCALAR / ISA_AVX2 / ISA_AVX512;
+    bf16: ISA_SCALAR / ISA_AVX2 / ISA_AVX512_BF16; for tests; RuntimeError if the CPU lacks it
+    or the dtype has no such variant). Asserts what it needs to read memory safely; the
     extension re-checks. Raises RuntimeError if the extension is unavailable.
     """
     ext = _load()
@@ -131,19 +168,17 @@ def gemv_native(x: torch.Tensor, w: torch.Tensor, isa: int = ISA_BEST) -> torch.
         raise RuntimeError("native CPU GEMV is unavailable (see the log)")
     assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1], (
         f"x {tuple(x.shape)} and w {tuple(w.shape)} must be [B, in] and [out, in]")
-    assert x.dtype == w.dtype == torch.float32, f"fp32 only, got {x.dtype} and {w.dtype}"
+    assert x.dtype == w.dtype and x.dtype in _NATIVE_DTYPES, (
+        f"fp32 or bf16 only, one dtype, got {x.dtype} and {w.dtype}")
     assert w.is_contiguous() and x.stride(1) == 1, "w must be contiguous, x unit-stride in `in`"
-    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-    ext.gemv_out(x, w, out, isa)
-    return out
+    return _run(ext, x, w, isa)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [B, in] @ w [out, in].T → [B, out]: the native kernel for fp32 CPU x with B <= MAX_ROWS
-    when it is available, torch's matmul otherwise (prefill, other dtypes, CUDA, no build)."""
-    if (x.dtype == torch.float32 and x.shape[0] <= MAX_ROWS and not x.is_cuda
-            and x.dim() == 2 and x.stride(1) == 1 and _load() is not None):
-        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-        _ext.gemv_out(x, w, out, ISA_BEST)
-        return out
+    """x [B, in] @ w [out, in].T → [B, out]: the native kernel for fp32 or bf16 CPU x with
+    B <= MAX_ROWS when it is available, torch's matmul otherwise (prefill, other dtypes, CUDA,
+    no build)."""
+    if (x.dtype in _NATIVE_DTYPES and x.dtype == w.dtype and x.shape[0] <= MAX_ROWS
+            and not x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and _load() is not None):
+        return _run(_ext, x, w, ISA_BEST)
     return gemv_ref(x, w)

@@ -10,7 +10,7 @@ from tests.reference import hf_greedy
 
 @pytest.fixture
 def engine(tiny_llama):
-    return LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    return LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
 
 
 async def test_concurrent_streams_match_reference(engine, tiny_llama):

@@ -45,7 +45,7 @@ def _computed_prompt_tokens(llm: LLM) -> dict[str, int]:
 
 def test_split_by_pool_and_host_tier_sums_to_tokens_not_computed(tiny_llama):
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24,
-              kv_host_tier_bytes=64 * BLOCK_BYTES)
+              kv_host_tier_bytes=64 * BLOCK_BYTES, dtype="float32")
     computed = _computed_prompt_tokens(llm)
     turn1 = _ids(30, seed=1)
     (out1,) = llm.generate([turn1], GREEDY)

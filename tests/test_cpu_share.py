@@ -78,7 +78,7 @@ def test_baton_up_pin_share_gives_each_worker_a_slot_and_no_affinity(tmp_path):
 
 async def test_the_engine_thread_is_busy_while_stepping_and_idle_after(tiny_llama, tmp_path):
     path = create_share_file(tmp_path / "share", 2)
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     ae = AsyncEngine(engine)
     ae.cpu_share = CpuShare(path, 1, cpus=2)
     during = []
@@ -102,7 +102,7 @@ async def test_a_step_follows_the_other_worker_between_layers(tiny_llama, tmp_pa
     """The other worker starts stepping while this one is inside a forward (a long prefill
     step): from the next layer on this step runs on one thread, not two beside its one."""
     path = create_share_file(tmp_path / "share", 2)
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     assert len(engine.runner.model.layers) >= 2
     ae = AsyncEngine(engine)
     ae.cpu_share = CpuShare(path, 0, cpus=2)

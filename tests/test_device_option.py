@@ -24,7 +24,7 @@ def test_device_names_parse(name, want):
 
 
 def test_cpu_device_places_everything_on_cpu_and_matches_reference(tiny_llama):
-    llm = LLM(str(tiny_llama), num_blocks=32, device="cpu")
+    llm = LLM(str(tiny_llama), num_blocks=32, device="cpu", dtype="float32")
     runner = llm.engine.runner
     assert runner.kv_cache.device.type == "cpu" and llm.engine.model.embed.device.type == "cpu"
     prompt = [5, 9, 14, 3, 7]

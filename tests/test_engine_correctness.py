@@ -32,7 +32,7 @@ def _pool_whole(llm: LLM) -> None:
 @pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
 def test_single_requests_match_reference(arch, request):
     folder = request.getfixturevalue(arch)
-    llm = LLM(str(folder), block_size=16, num_blocks=64)
+    llm = LLM(str(folder), block_size=16, num_blocks=64, dtype="float32")
     vocab = llm.engine.model.shape.vocab_size
     for prompt in _prompts(vocab, [1, 15, 16, 17, 33]):
         _check(llm, folder, [prompt])
@@ -42,12 +42,12 @@ def test_single_requests_match_reference(arch, request):
 def test_mistral_loads_and_matches(tmp_path):
     from tests.tiny_models import build_tiny_model
     folder = build_tiny_model(tmp_path / "m", arch="mistral")
-    llm = LLM(str(folder), num_blocks=32)
+    llm = LLM(str(folder), num_blocks=32, dtype="float32")
     _check(llm, folder, _prompts(llm.engine.model.shape.vocab_size, [20]))
 
 
 def test_mixed_batch_matches_reference(tiny_llama):
-    llm = LLM(str(tiny_llama), block_size=16, num_blocks=128)
+    llm = LLM(str(tiny_llama), block_size=16, num_blocks=128, dtype="float32")
     prompts = _prompts(llm.engine.model.shape.vocab_size, [3, 16, 31, 48, 7, 17, 64, 1])
     _check(llm, tiny_llama, prompts)
     _pool_whole(llm)
@@ -56,14 +56,14 @@ def test_mixed_batch_matches_reference(tiny_llama):
 @pytest.mark.parametrize("chunk", [1, 5, 16, 23])
 def test_chunked_prefill_matches_reference(tiny_qwen3, chunk):
     llm = LLM(str(tiny_qwen3), block_size=8, num_blocks=128, long_prefill_token_threshold=chunk,
-              max_num_batched_tokens=max(chunk, 8))
+              max_num_batched_tokens=max(chunk, 8), dtype="float32")
     prompts = _prompts(llm.engine.model.shape.vocab_size, [40, 9, 25])
     _check(llm, tiny_qwen3, prompts)
     _pool_whole(llm)
 
 
 def test_prefix_cache_hit_matches_reference(tiny_llama):
-    llm = LLM(str(tiny_llama), block_size=16, num_blocks=64)
+    llm = LLM(str(tiny_llama), block_size=16, num_blocks=64, dtype="float32")
     vocab = llm.engine.model.shape.vocab_size
     shared = _prompts(vocab, [40], seed=1)[0]
     first = shared + [5, 6, 7]
@@ -83,7 +83,8 @@ def test_prefix_cache_on_equals_off(tiny_qwen2):
     prompts[1] = prompts[0][:20] + prompts[1][20:]
     outs = []
     for caching in (True, False):
-        llm = LLM(str(tiny_qwen2), block_size=4, num_blocks=128, enable_prefix_caching=caching)
+        llm = LLM(str(tiny_qwen2), block_size=4, num_blocks=128, enable_prefix_caching=caching,
+                  dtype="float32")
         outs.append([o.output_token_ids for o in llm.generate(prompts, GREEDY)])
         outs.append([o.output_token_ids for o in llm.generate(prompts, GREEDY)])
     assert outs[0] == outs[1] == outs[2] == outs[3]
@@ -91,7 +92,7 @@ def test_prefix_cache_on_equals_off(tiny_qwen2):
 
 def test_preemption_under_tiny_pool_matches_reference(tiny_llama):
     # 8 requests of ~20+10 tokens need ~16 blocks of 4 each at once; the pool has 24.
-    llm = LLM(str(tiny_llama), block_size=4, num_blocks=24, max_num_seqs=8)
+    llm = LLM(str(tiny_llama), block_size=4, num_blocks=24, max_num_seqs=8, dtype="float32")
     prompts = _prompts(llm.engine.model.shape.vocab_size, [18, 20, 15, 22, 19, 17, 21, 16])
     preempted = []
     orig = llm.engine.scheduler._preempt
@@ -104,7 +105,7 @@ def test_preemption_under_tiny_pool_matches_reference(tiny_llama):
 
 @pytest.mark.parametrize("length", [15, 16, 17, 32])
 def test_block_boundary_prompts(tiny_qwen3, length):
-    llm = LLM(str(tiny_qwen3), block_size=16, num_blocks=32)
+    llm = LLM(str(tiny_qwen3), block_size=16, num_blocks=32, dtype="float32")
     prompt = _prompts(llm.engine.model.shape.vocab_size, [length], seed=length)[0]
     params = SamplingParams(temperature=0.0, max_tokens=18, ignore_eos=True)  # crosses blocks
     _check(llm, tiny_qwen3, [prompt], params)

@@ -184,3 +184,20 @@ def test_the_cost_model_decides_with_the_prefix_hit(tiny_llama):
     assert (d.reason, d.stall_s) == ("threshold", 7 / 2000) and plan.num_cached_tokens == 32
     assert decode.get_request("b").status == RequestStatus.WAITING_FOR_REMOTE_KV
     rkv.fail("b", recompute=False, aborted=True)
+
+
+def test_bf16_disaggregated_equals_colocated_token_for_token(tiny_llama):
+    """bf16 cannot match fp32 transformers token for token, but a disaggregated request runs the
+    same kernels as a colocated one (torch's bf16 GEMM for the prompt, the batch-invariant
+    native bf16 GEMV for decode) over the same bf16 KV bytes, so their tokens are equal. Fresh
+    prompts only: a prefix hit at another boundary on either side is another computation."""
+    prefill, decode = _engines(tiny_llama, dtype="bfloat16")
+    colocated = LLM(str(tiny_llama), dtype="bfloat16", block_size=8, num_blocks=64)
+    assert decode[0].kv_cache.dtype == prefill[0].kv_cache.dtype == torch.bfloat16
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    rng = random.Random(7)
+    for i, n in enumerate((9, 16, 17, 37, 64)):
+        prompt = [rng.randrange(3, 380) for _ in range(n)]
+        tokens, sent = _remote_turn(prefill, decode, f"bf{i}", prompt, params)
+        assert sent == -(-n // 8)
+        assert tokens == colocated.generate([prompt], params)[0].output_token_ids, f"{n} tokens"

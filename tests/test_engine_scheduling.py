@@ -8,7 +8,7 @@ from baton import LLM, SamplingParams
 
 
 def test_seeded_request_same_alone_and_in_batch(tiny_qwen2):
-    llm = LLM(str(tiny_qwen2), num_blocks=64)
+    llm = LLM(str(tiny_qwen2), num_blocks=64, dtype="float32")
     seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12,
                             ignore_eos=True)
     alone = llm.generate([[5, 6, 7, 8]], seeded)[0].output_token_ids
@@ -23,12 +23,13 @@ def test_shared_prefix_outputs_equal_a_run_without_prefix_caching(tiny_llama):
     prefix = list(range(3, 51))  # 3 blocks of 16
     prompts = [prefix + [60, 61, 62], prefix + [70, 71], prefix + [80]]
     p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    llm = LLM(str(tiny_llama), num_blocks=64)
+    llm = LLM(str(tiny_llama), num_blocks=64, dtype="float32")
     shared = llm.generate(prompts, p)
     # the first one scheduled (the shortest: shortest_first) computes the prefix
     assert sorted(o.num_cached_tokens for o in shared) == [0, 48, 48]
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
-    plain = LLM(str(tiny_llama), num_blocks=64, enable_prefix_caching=False).generate(prompts, p)
+    plain = LLM(str(tiny_llama), num_blocks=64, enable_prefix_caching=False,
+                dtype="float32").generate(prompts, p)
     assert [o.output_token_ids for o in shared] == [o.output_token_ids for o in plain]
     assert [o.num_cached_tokens for o in plain] == [0, 0, 0]
 

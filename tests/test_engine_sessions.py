@@ -40,9 +40,10 @@ def _agent(llm: LLM, hinted: bool) -> list[list[int]]:
 
 
 def test_greedy_outputs_equal_with_and_without_hints(tiny_llama):
-    plain = _agent(LLM(str(tiny_llama), block_size=BS, num_blocks=24), hinted=False)
+    plain = _agent(LLM(str(tiny_llama), block_size=BS, num_blocks=24, dtype="float32"),
+                   hinted=False)
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24,
-              kv_host_tier_bytes=64 * BLOCK_BYTES)
+              kv_host_tier_bytes=64 * BLOCK_BYTES, dtype="float32")
     assert _agent(llm, hinted=True) == plain
     kv = llm.engine.kv
     assert kv.prefetched_blocks > 0 and kv.pool.prefetch_hits > 0
@@ -53,7 +54,7 @@ def test_greedy_outputs_equal_with_and_without_hints(tiny_llama):
 
 def test_prefetch_brings_a_pinned_turn_back_before_admission(tiny_llama):
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24,
-              kv_host_tier_bytes=64 * BLOCK_BYTES)
+              kv_host_tier_bytes=64 * BLOCK_BYTES, dtype="float32")
     eng, hint = llm.engine, SessionHint("s", ttl_s=60)
     t1 = _ids(30, 1)
     out1 = _run(llm, "t1", t1, hint)
@@ -74,7 +75,7 @@ def test_prefetch_brings_a_pinned_turn_back_before_admission(tiny_llama):
 
 def test_aborts_in_every_state_with_hints_leave_everything_whole(tiny_llama):
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24, kv_host_tier_bytes=8 * BLOCK_BYTES,
-              long_prefill_token_threshold=8)
+              long_prefill_token_threshold=8, dtype="float32")
     eng = llm.engine
     hints = [SessionHint("a", 30), SessionHint("b", 0, end=True), None]
     for k in range(9):  # abort after 0 (waiting), 1-2 (prefilling), 6+ (decoding) steps
@@ -95,7 +96,7 @@ async def test_idle_engine_thread_restores_a_pinned_session(tiny_llama):
     from baton.worker.async_engine import AsyncEngine
 
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24,
-              kv_host_tier_bytes=64 * BLOCK_BYTES)
+              kv_host_tier_bytes=64 * BLOCK_BYTES, dtype="float32")
     ae, hint = AsyncEngine(llm.engine), SessionHint("s", ttl_s=600)
     ae.start()
 

@@ -33,7 +33,7 @@ def _run(engine, rid):
 
 
 def test_constrained_and_free_requests_share_a_batch(tiny_llama):
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     free = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     engine.add_request("free", PROMPT[:9], free)
     engine.add_request("json", PROMPT, SamplingParams(temperature=0.0, max_tokens=200,
@@ -51,13 +51,13 @@ def test_constrained_and_free_requests_share_a_batch(tiny_llama):
         jsonschema.validate(json.loads(engine.tokenizer.decode(outs[rid])), SCHEMA)
         assert reasons[rid] == "stop"
         assert engine.eos_token_ids.isdisjoint(outs[rid])  # ended by the grammar, not by EOS
-    alone = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    alone = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     alone.add_request("free", PROMPT[:9], free)
     assert outs["free"] == _run(alone, "free")[0]
 
 
 def test_json_object_gives_an_object(tiny_llama):
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     engine.add_request("o", PROMPT, SamplingParams(
         temperature=0.7, seed=11, max_tokens=200,
         structured_output=StructuredOutput(StructuredOutputKind.JSON_OBJECT)))
@@ -99,7 +99,7 @@ def test_a_first_token_the_grammar_forbids_ends_the_request(tiny_llama):
 
 
 def test_a_schema_that_does_not_compile_is_refused(tiny_llama):
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     bad = StructuredOutput(StructuredOutputKind.JSON_SCHEMA, '{"type": "objekt"}')
     with pytest.raises(ValueError, match="json_schema"):
         engine.add_request("bad", PROMPT, SamplingParams(structured_output=bad))
@@ -107,7 +107,7 @@ def test_a_schema_that_does_not_compile_is_refused(tiny_llama):
 
 
 def test_a_grammar_complete_on_the_last_allowed_token_is_a_stop(tiny_llama):
-    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64).engine
+    engine = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32").engine
     params = SamplingParams(temperature=0.0, max_tokens=200, structured_output=SPEC)
     engine.add_request("a", PROMPT, params)
     tokens, _ = _run(engine, "a")
@@ -118,7 +118,7 @@ def test_a_grammar_complete_on_the_last_allowed_token_is_a_stop(tiny_llama):
 
 
 def test_n2_completions_each_follow_the_grammar(tiny_llama):
-    llm = LLM(str(tiny_llama), block_size=8, num_blocks=64)
+    llm = LLM(str(tiny_llama), block_size=8, num_blocks=64, dtype="float32")
     out = llm.generate([PROMPT], SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=200,
                                                 structured_output=SPEC))[0]
     assert len(out.outputs) == 2

@@ -72,15 +72,16 @@ def test_cluster_share_divides_what_the_weights_leave():
 def test_engine_sizes_its_pool_from_free_memory(tiny_llama, monkeypatch):
     per_block = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama, block_size 16: 8 KiB
     monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 1000 * per_block)
-    assert LLM(str(tiny_llama), kv_pool_for_batch=False).engine.num_blocks == 500
+    assert LLM(str(tiny_llama), kv_pool_for_batch=False, dtype="float32").engine.num_blocks == 500
     # offline: no more than max_num_seqs longest requests (1024 positions = 64 blocks)
-    assert LLM(str(tiny_llama), max_num_seqs=4).engine.num_blocks == 4 * 64
-    assert LLM(str(tiny_llama), num_blocks=7).engine.num_blocks == 7  # explicit wins
+    assert LLM(str(tiny_llama), max_num_seqs=4, dtype="float32").engine.num_blocks == 4 * 64
+    explicit = LLM(str(tiny_llama), num_blocks=7, dtype="float32")
+    assert explicit.engine.num_blocks == 7  # explicit wins
     monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 10 * per_block)
     with pytest.raises(KVBudgetError, match="1024-token request needs 64 blocks"):
-        LLM(str(tiny_llama))
+        LLM(str(tiny_llama), dtype="float32")
     # a 64-token limit: floor 4 blocks, half of 10 free = 5
-    assert LLM(str(tiny_llama), max_model_len=64).engine.num_blocks == 5
+    assert LLM(str(tiny_llama), max_model_len=64, dtype="float32").engine.num_blocks == 5
 
 
 def test_baton_up_splits_one_budget_over_its_workers(tiny_llama):

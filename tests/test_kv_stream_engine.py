@@ -21,8 +21,8 @@ ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 def pair(tiny_llama):
     """(prefill engine, holds, streams, sender), (decode engine, RemoteKV, receiver)."""
     prefill = LLM(str(tiny_llama), block_size=BS, num_blocks=64,
-                  long_prefill_token_threshold=BS).engine  # one block per step
-    decode = LLM(str(tiny_llama), block_size=BS, num_blocks=64).engine
+                  long_prefill_token_threshold=BS, dtype="float32").engine  # one block per step
+    decode = LLM(str(tiny_llama), block_size=BS, num_blocks=64, dtype="float32").engine
     sender = InprocSender(prefill.kv_cache, kv_layout("m", prefill.kv_cache))
     receiver = InprocReceiver(decode.kv_cache, kv_layout("m", decode.kv_cache))
     holds = BlockHolds(prefill)

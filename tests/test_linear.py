@@ -43,7 +43,7 @@ def test_native_storage_shares_a_contiguous_matrix() -> None:
 def test_decoder_greedy_matches_transformers_on_either_storage(monkeypatch, tiny_llama,
                                                                 native: bool) -> None:
     monkeypatch.setattr(decoder, "use_native_gemv", lambda dtype: native)
-    llm = LLM(str(tiny_llama), num_blocks=32)
+    llm = LLM(str(tiny_llama), num_blocks=32, dtype="float32")
     assert llm.engine.model.native_gemv is native
     prompts = [[5, 6, 7, 8, 9], [11, 3, 200, 17, 4, 90, 31, 2, 8]]  # one step: 2 decode rows
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
@@ -58,7 +58,7 @@ def test_fused_cpu_decode_step_matches_transformers(monkeypatch, tiny_llama, fus
     """The all-decode CPU step through kernels.cpu_decode (rotary + KV write + attention,
     add+RMSNorm, SiLU·mul) and through torch ops both give transformers' greedy tokens, with
     decode rows of different context lengths in one step."""
-    llm = LLM(str(tiny_llama), num_blocks=32)
+    llm = LLM(str(tiny_llama), num_blocks=32, dtype="float32")
     model = llm.engine.model
     assert model.fused_decode, "fp32 llama with the AVX-512 extension takes the fused step"
     model.fused_decode = fused

@@ -32,10 +32,10 @@ def test_unsupported_architecture(tmp_path, tiny_llama):
 
 def test_bad_arguments_and_prompts_are_clear_errors(tiny_llama):
     with pytest.raises(TypeError, match="bogus"):
-        LLM(str(tiny_llama), bogus=1)
+        LLM(str(tiny_llama), bogus=1, dtype="float32")
     with pytest.raises(ValueError, match="block_size"):
-        LLM(str(tiny_llama), block_size=3)
-    llm = LLM(str(tiny_llama), num_blocks=16, max_model_len=64)
+        LLM(str(tiny_llama), block_size=3, dtype="float32")
+    llm = LLM(str(tiny_llama), num_blocks=16, max_model_len=64, dtype="float32")
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]])
     with pytest.raises(ValueError, match="context limit"):
@@ -57,7 +57,7 @@ def test_bfloat16_engine_runs(tiny_qwen3):
 
 
 def test_sampling_outputs_logprobs_stop_and_n(tiny_llama):
-    llm = LLM(str(tiny_llama), num_blocks=32)
+    llm = LLM(str(tiny_llama), num_blocks=32, dtype="float32")
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=5, n=2, logprobs=3,
                             ignore_eos=True)
     (out,) = llm.generate([[5, 6, 7]], params)

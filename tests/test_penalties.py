@@ -89,7 +89,7 @@ def test_out_of_range_values_are_refused(bad):
 
 
 def test_repetition_penalty_changes_greedy_output_through_the_engine(tiny_llama):
-    llm = LLM(str(tiny_llama), num_blocks=64)
+    llm = LLM(str(tiny_llama), num_blocks=64, dtype="float32")
     prompt = [[5, 6, 7, 8, 5, 6, 7, 8]]
     plain = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12,
                                                 ignore_eos=True))[0].output_token_ids

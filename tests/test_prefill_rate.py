@@ -34,7 +34,7 @@ def test_one_odd_step_does_not_move_the_rate():
 
 
 def test_the_engine_measures_its_prefill_and_reports_it(tiny_llama):
-    llm = LLM(str(tiny_llama), num_blocks=64, block_size=4)
+    llm = LLM(str(tiny_llama), num_blocks=64, block_size=4, dtype="float32")
     assert llm.engine.stats().prefill_tokens_per_s == 0.0
     prompt = list(range(3, 3 + 4 * MIN_STEP_TOKENS))
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0))

@@ -17,7 +17,7 @@ def folder():
 @pytest.fixture(scope="module")
 def llm(folder):
     return LLM(str(folder), long_prefill_token_threshold=64, max_num_batched_tokens=256,
-               kv_cache_memory_bytes=256 << 20)
+               kv_cache_memory_bytes=256 << 20, dtype="float32")
 
 
 def _hf_generate(folder, prompt_ids, max_new):

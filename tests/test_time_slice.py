@@ -94,7 +94,7 @@ def test_greedy_outputs_unchanged_when_requests_slice_every_step(tiny_llama):
     prompts = [list(range(3 + 40 * k, 43 + 40 * k)) for k in range(3)]  # 40 tokens each
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(tiny_llama), block_size=BS, num_blocks=24, time_slice_s=1e-9,
-              kv_host_tier_bytes=1 << 22)
+              kv_host_tier_bytes=1 << 22, dtype="float32")
     outs = llm.generate(prompts, params)
     for p, o in zip(prompts, outs):
         assert o.outputs[0].token_ids == hf_greedy(tiny_llama, p, 12)

@@ -4,15 +4,17 @@ Covers Llama, Mistral (no sliding window), Qwen2 (q/k/v bias) and Qwen3 (per-hea
 norm), tied or untied embeddings, GQA. Config, rotary tables and activation come from
 transformers so the numerics match its reference implementation; the weights are re-laid out
 for speed: q/k/v fused into one matrix, gate/up into another, each a `baton.models.linear.Linear`.
-fp32 on CPU keeps every matrix (out, in) for the native small-batch GEMV (`kernels.gemv`:
-decode steps of <= 16 tokens stream the weights at the memory-read floor; prefill keeps torch's
-GEMM); other dtypes, or a machine where the extension does not build, keep the torch layout
-((in, out), the big matrices as two column halves, see linear.py).
+fp32 and bf16 on CPU keep every matrix (out, in) for the native small-batch GEMV (`kernels.gemv`:
+decode steps of <= 16 tokens stream the weights at the memory-read floor, bf16 with fp32 sums;
+prefill keeps torch's GEMM, oneDNN/AMX for bf16); fp16, or a machine where the extension does not
+build, keep the torch layout ((in, out), the big matrices as two column halves, see linear.py).
 
-A CPU step of decode tokens only, with the native extension built on an AVX-512 CPU and no
-per-head q/k norm, runs each layer's rotary + KV write + paged attention as one native call
-(`kernels.cpu_decode`, K/V read in place through the block table), and each residual add + RMSNorm
-and the SiLU·mul as one call each. Other CPU steps first build a
+A CPU step of decode tokens only, with the native extension built (fp32: on an AVX-512 CPU;
+bf16: on any, see `kernels.cpu_decode.use_fused`) and no per-head q/k norm, runs each layer's
+rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/V read in place
+through the block table), and each residual add + RMSNorm
+and the SiLU·mul as one call each, in fp32 or bf16 (a bf16 KV cache read in place, fp32 softmax;
+see kernels/cpu_decode.py). Other CPU steps first build a
 `kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
 layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
 40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
@@ -167,9 +169,10 @@ class DecoderModel:
                               split=cpu)
         cos, sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
         self._cos, self._sin_signed = cos.to(self.device), sin_signed.to(self.device)
-        # the fused CPU decode op (kernels.cpu_decode): fp32 with the native extension built; its
-        # rotary comes right after the q/k/v projection, so not with Qwen3's per-head q/k norm
-        self.fused_decode = (self.native_gemv and cpu_decode.fast_available()
+        # the fused CPU decode op (kernels.cpu_decode): fp32 or bf16 with the native extension
+        # built; its rotary comes right after the q/k/v projection, so not with Qwen3's per-head
+        # q/k norm
+        self.fused_decode = (self.native_gemv and cpu_decode.use_fused(dtype)
                              and all(layer.q_norm is None for layer in self.layers))
         self._silu = cfg.hidden_act == "silu"
         # called before every layer but the first (worker: cpu_share.py re-reads the other

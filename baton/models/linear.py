@@ -2,10 +2,11 @@
 
 Two storages, chosen once at load for the whole model (`use_native_gemv`):
 
-- native (fp32 on CPU with the `kernels.gemv` extension built): W kept (out, in) contiguous, the
-  layout the native GEMV streams (one contiguous dot product per output). Steps of at most
-  `kernels.gemv.MAX_ROWS` tokens run the native kernel; larger ones (prefill) torch's GEMM on
-  `W.T` (same speed as (in, out) there).
+- native (fp32 or bf16 on CPU with the `kernels.gemv` extension built): W kept (out, in)
+  contiguous, the layout the native GEMV streams (one contiguous dot product per output). Steps
+  of at most `kernels.gemv.MAX_ROWS` tokens run the native kernel (bf16: fp32 sums, batch
+  invariant); larger ones (prefill) torch's GEMM on `W.T` (same speed as (in, out) there; bf16
+  goes to oneDNN, with AMX where the CPU has it).
 - torch (every other case, and the fallback when the extension does not build): W stored
   (in, out) so `x @ W` streams rows (faster than `x @ W.T` for a GEMV on CPU, see
   shared/PLATFORM.md); with `split=True` as two column halves multiplied by one batched matmul
@@ -20,8 +21,8 @@ from kernels import gemv as native
 
 def use_native_gemv(dtype: torch.dtype) -> bool:
     """Whether a model of this dtype on CPU should store its matrices for the native GEMV
-    (fp32 only; builds the extension on the first call; False if it cannot be built)."""
-    return dtype == torch.float32 and native.gemv_available()
+    (fp32 or bf16; builds the extension on the first call; False if it cannot be built)."""
+    return dtype in (torch.float32, torch.bfloat16) and native.gemv_available()
 
 
 def _split_columns(w: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-// Fused fp32 CPU ops of a decode step (one new token per sequence), each replacing several torch
+// Fused fp32 / bf16 CPU ops of a decode step (one new token per sequence), each replacing several torch
 // ops per layer: after a layer's GEMVs have streamed megabytes of weights through the caches each
 // small torch op costs 5-50 µs here, and the paged attention's gather copied every context twice.
 //
@@ -12,6 +12,10 @@
 //      block table (no gather): s_n = (q·k_n)·scale, p_n = exp(s_n − max s), out = Σ p_n v_n / Σ p_n
 //      (the softmax of SDPA; summation orders differ from it, so outputs agree to rounding).
 //
+// bf16 (qkv, rope tables, KV cache and output all bf16): the cache is read in place, widened to
+// fp32 in registers; rotary rounds each product and the sum to bf16 as torch's bf16 ops do
+// (round_as, bf16.h), so the written K/V are bit-identical to the torch path's; scores, softmax
+// and the weighted sum of V stay fp32 and the output is rounded to bf16 once.
 // ISA: an AVX-512F variant (exp: Cephes expf polynomial + scalef, ~1 ulp) chosen at run time by
 // __builtin_cpu_supports, and a portable scalar one (std::exp) everywhere else.
 #include <torch/extension.h>
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bf16.h"
 #include "isa.h"
 #include "simd_exp.h"
 
@@ -30,79 +35,88 @@
 
 namespace {
 
+using baton::round_as;
+
+template <typename T>  // float or bf16
 struct Attn {
-  const float* qkv; int64_t ldqkv;        // [T, (Hq + 2·Hkv)·D]
-  const float* cos; const float* sin;     // [max_pos, D] tables; sin first half negated
+  const T* qkv; int64_t ldqkv;            // [T, (Hq + 2·Hkv)·D]
+  const T* cos; const T* sin;             // [max_pos, D] tables; sin first half negated
   const int64_t* pos;                     // [T]
-  float* cache;                           // [NB, L, 2, BS, Hkv, D]
+  T* cache;                               // [NB, L, 2, BS, Hkv, D]
   int64_t layer, L, BS, Hq, Hkv, D;
   const int64_t* slots;                   // [T]
   const int32_t* tables; int64_t ldtab;   // [T, max_blocks]
   const int32_t* lens;                    // [T]
   float scale;
-  float* out;                             // [T, Hq·D]
+  T* out;                                 // [T, Hq·D]
 };
 
 // K row (all Hkv heads, Hkv·D floats) of each position n < lens[t] of token t's sequence, walked
 // block by block (no division per row); the V row is K row + vstride.
-inline void k_rows(const Attn& a, int64_t t, const float** rows) {
+template <typename T>
+inline void k_rows(const Attn<T>& a, int64_t t, const T** rows) {
   const int64_t N = a.lens[t], row = a.Hkv * a.D;
   for (int64_t b = 0, n = 0; n < N; ++b) {
-    const float* base = a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row;
+    const T* base = a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row;
     for (int64_t off = 0; off < a.BS && n < N; ++off, ++n) rows[n] = base + off * row;
   }
 }
 
-// dst = rotate(src) for one head: dst[i] = src[i]·cos[i] + src[(i + D/2) % D]·sin[i].
-inline void rotate(const float* src, const float* c, const float* s, float* dst, int64_t D) {
+// dst = rotate(src) for one head: dst[i] = src[i]·cos[i] + src[(i + D/2) % D]·sin[i], each
+// product and the sum rounded to T (torch's bf16 ops); dst is fp32 (q scratch) or T (cache).
+template <typename T, typename O>
+inline void rotate(const T* src, const T* c, const T* s, O* dst, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) {
-    const float a = src[i] * c[i];
-    const float b = src[(i + half) % D] * s[i];
-    dst[i] = a + b;
+    const float a = round_as<T>(static_cast<float>(src[i]) * static_cast<float>(c[i]));
+    const float b = round_as<T>(static_cast<float>(src[(i + half) % D]) * static_cast<float>(s[i]));
+    dst[i] = static_cast<O>(round_as<T>(a + b));
   }
 }
 
 // Steps 1-2 for (t, h): rotated q heads of the group into q[group·D], cache written.
-inline void rotate_and_write(const Attn& a, int64_t t, int64_t h, float* q) {
+template <typename T>
+inline void rotate_and_write(const Attn<T>& a, int64_t t, int64_t h, float* q) {
   const int64_t G = a.Hq / a.Hkv, D = a.D;
-  const float* row = a.qkv + t * a.ldqkv;
-  const float* c = a.cos + a.pos[t] * D;
-  const float* s = a.sin + a.pos[t] * D;
+  const T* row = a.qkv + t * a.ldqkv;
+  const T* c = a.cos + a.pos[t] * D;
+  const T* s = a.sin + a.pos[t] * D;
   for (int64_t g = 0; g < G; ++g) rotate(row + (h * G + g) * D, c, s, q + g * D, D);
   const int64_t slot = a.slots[t];
   if (slot >= 0) {
     const int64_t block = slot / a.BS, off = slot % a.BS;
-    float* k = a.cache + ((((block * a.L + a.layer) * 2 + 0) * a.BS + off) * a.Hkv + h) * D;
-    float* v = a.cache + ((((block * a.L + a.layer) * 2 + 1) * a.BS + off) * a.Hkv + h) * D;
+    T* k = a.cache + ((((block * a.L + a.layer) * 2 + 0) * a.BS + off) * a.Hkv + h) * D;
+    T* v = a.cache + ((((block * a.L + a.layer) * 2 + 1) * a.BS + off) * a.Hkv + h) * D;
     rotate(row + (a.Hq + h) * D, c, s, k, D);
     std::copy(row + (a.Hq + a.Hkv + h) * D, row + (a.Hq + a.Hkv + h + 1) * D, v);
   }
 }
 
 // Attention of token t's Hq rotated query heads q[Hq·D] over its K/V rows; p: [Hq·N] scratch.
-void attend_scalar(const Attn& a, int64_t t, const float* q, const float** rows, float* p) {
+template <typename T>
+void attend_scalar(const Attn<T>& a, int64_t t, const float* q, const T** rows, float* p) {
   const int64_t G = a.Hq / a.Hkv, D = a.D, N = a.lens[t], vstride = a.BS * a.Hkv * D;
   for (int64_t i = 0; i < a.Hq; ++i) {
     const int64_t h = i / G;
     float* pi = p + i * N;
     float m = -INFINITY;
     for (int64_t n = 0; n < N; ++n) {
-      const float* k = rows[n] + h * D;
+      const T* k = rows[n] + h * D;
       float acc = 0;
-      for (int64_t d = 0; d < D; ++d) acc += q[i * D + d] * k[d];
+      for (int64_t d = 0; d < D; ++d) acc += q[i * D + d] * static_cast<float>(k[d]);
       pi[n] = acc * a.scale;
       m = std::max(m, pi[n]);
     }
     float l = 0;
     for (int64_t n = 0; n < N; ++n) l += (pi[n] = std::exp(pi[n] - m));
-    float* o = a.out + (t * a.Hq + i) * D;
+    float o[512];  // D <= 512 (checked by the caller)
     std::fill(o, o + D, 0.0f);
     for (int64_t n = 0; n < N; ++n) {
-      const float* v = rows[n] + vstride + h * D;
-      for (int64_t d = 0; d < D; ++d) o[d] += pi[n] * v[d];
+      const T* v = rows[n] + vstride + h * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += pi[n] * static_cast<float>(v[d]);
     }
-    for (int64_t d = 0; d < D; ++d) o[d] /= l;
+    T* out = a.out + (t * a.Hq + i) * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(o[d] / l);
   }
 }
 
@@ -111,21 +125,23 @@ constexpr int64_t PF = 6;  // positions ahead whose K / V rows are prefetched
 
 // D % 16 == 0, group <= 8 (checked by the caller). Reads each position's K row (every head) in
 // one sequential pass, then V per KV head (the h = 0 pass prefetches whole rows into L2).
-__attribute__((target("avx512f"))) void attend_avx512(const Attn& a, int64_t t, const float* q,
-                                                      const float** rows, float* p) {
+template <typename T>
+__attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t t, const float* q,
+                                                      const T** rows, float* p) {
+  using baton::load16;
   const int64_t G = a.Hq / a.Hkv, D = a.D, C = D / 16, N = a.lens[t];
-  const int64_t row_bytes = a.Hkv * D * 4, vstride = a.BS * a.Hkv * D;
+  const int64_t row_bytes = a.Hkv * D * int64_t(sizeof(T)), vstride = a.BS * a.Hkv * D;
   for (int64_t n = 0; n < N; ++n) {  // scores s[i][n] = (q_i · k_n) · scale
     if (n + PF < N)
       for (int64_t b = 0; b < row_bytes; b += 64)
         _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF]) + b, _MM_HINT_T0);
     for (int64_t h = 0; h < a.Hkv; ++h) {
-      const float* k = rows[n] + h * D;
+      const T* k = rows[n] + h * D;
       for (int64_t g = 0; g < G; ++g) {
         const float* qi = q + (h * G + g) * D;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(k));
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), load16(k));
         for (int64_t c = 1; c < C; ++c)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(k + 16 * c), acc);
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), load16(k + 16 * c), acc);
         p[(h * G + g) * N + n] = _mm512_reduce_add_ps(acc) * a.scale;
       }
     }
@@ -158,17 +174,17 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn& a, int64_t t, 
         if (h == 0 && c0 == 0 && n + PF < N)
           for (int64_t b = 0; b < row_bytes; b += 64)
             _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + vstride) + b, _MM_HINT_T1);
-        const float* v = rows[n] + vstride + h * D + 16 * c0;
+        const T* v = rows[n] + vstride + h * D + 16 * c0;
         for (int64_t g = 0; g < G; ++g) {
           const __m512 pn = _mm512_set1_ps(p[(h * G + g) * N + n]);
           for (int64_t c = 0; c < cn; ++c)
-            acc[g][c] = _mm512_fmadd_ps(pn, _mm512_loadu_ps(v + 16 * c), acc[g][c]);
+            acc[g][c] = _mm512_fmadd_ps(pn, load16(v + 16 * c), acc[g][c]);
         }
       }
       for (int64_t g = 0; g < G; ++g) {
-        float* o = a.out + (t * a.Hq + h * G + g) * D + 16 * c0;
+        T* o = a.out + (t * a.Hq + h * G + g) * D + 16 * c0;
         for (int64_t c = 0; c < cn; ++c)
-          _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_l[h * G + g])));
+          baton::store16(o + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_l[h * G + g])));
       }
     }
   }
@@ -177,9 +193,42 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn& a, int64_t t, 
 
 bool use_avx512(int64_t isa) { return baton::use_avx512(isa, "cpu_decode"); }
 
-void check_f32(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "cpu_decode: ", name, " must be a contiguous fp32 CPU tensor");
+// qkv, cos, sin, kv_cache and out: contiguous CPU tensors of one dtype, fp32 or bf16.
+void check_float(const torch::Tensor& t, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.is_contiguous(),
+              "cpu_decode: ", name, " must be a contiguous CPU tensor of kv_cache's dtype");
+}
+
+// One work item per token t: it writes t's new slot, then reads only t's own sequence (one
+// decode token per sequence), so items may run on any thread in any order.
+template <typename T>
+void run(const Attn<T>& a, int64_t T_, int64_t max_len, bool simd) {
+  at::parallel_for(0, T_, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> q(a.Hq * a.D), p(a.Hq * max_len);
+    std::vector<const T*> rows(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t h = 0; h < a.Hkv; ++h)
+        rotate_and_write(a, t, h, q.data() + h * (a.Hq / a.Hkv) * a.D);
+      k_rows(a, t, rows.data());
+#ifdef BATON_X86
+      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
+#endif
+      attend_scalar(a, t, q.data(), rows.data(), p.data());
+    }
+  });
+}
+
+template <typename T>
+void launch(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+            const int64_t* pos, torch::Tensor& kv_cache, int64_t layer, const int64_t* slots,
+            const int32_t* tab, int64_t MB, const int32_t* lens, double scale, int64_t Hq,
+            torch::Tensor& out, int64_t max_len, int64_t isa) {
+  const int64_t D = kv_cache.size(5);
+  Attn<T> a{qkv.data_ptr<T>(), qkv.size(1), cos.data_ptr<T>(), sin.data_ptr<T>(), pos,
+            kv_cache.data_ptr<T>(), layer, kv_cache.size(1), kv_cache.size(3), Hq,
+            kv_cache.size(4), D, slots, tab, MB, lens, static_cast<float>(scale),
+            out.data_ptr<T>()};
+  run(a, qkv.size(0), max_len, use_avx512(isa) && D % 16 == 0 && Hq <= 64);
 }
 
 }  // namespace
@@ -190,11 +239,14 @@ void decode_attention_out(const torch::Tensor& qkv, const torch::Tensor& cos, co
                           const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
                           const torch::Tensor& context_lens, double scale, int64_t num_heads,
                           torch::Tensor& out, int64_t isa) {
-  check_f32(qkv, "qkv"); check_f32(cos, "cos"); check_f32(sin, "sin"); check_f32(out, "out");
-  check_f32(kv_cache, "kv_cache");
+  const at::ScalarType dtype = kv_cache.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "cpu_decode: fp32 or bf16 only");
+  check_float(qkv, dtype, "qkv"); check_float(cos, dtype, "cos"); check_float(sin, dtype, "sin");
+  check_float(out, dtype, "out"); check_float(kv_cache, dtype, "kv_cache");
   TORCH_CHECK(kv_cache.dim() == 6, "cpu_decode: kv_cache must be [NB, L, 2, BS, Hkv, D]");
   const int64_t T = qkv.size(0), Hkv = kv_cache.size(4), D = kv_cache.size(5), Hq = num_heads;
-  TORCH_CHECK(Hq % Hkv == 0 && Hq / Hkv <= 8 && D % 2 == 0, "cpu_decode: need Hq = g·Hkv, g <= 8, even D");
+  TORCH_CHECK(Hq % Hkv == 0 && Hq / Hkv <= 8 && D % 2 == 0 && D <= 512,
+              "cpu_decode: need Hq = g·Hkv, g <= 8, even D <= 512");
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (Hq + 2 * Hkv) * D, "cpu_decode: qkv width");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(1) == D, "cpu_decode: rope tables");
   TORCH_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == Hq * D, "cpu_decode: out shape");
@@ -220,27 +272,14 @@ void decode_attention_out(const torch::Tensor& qkv, const torch::Tensor& cos, co
       TORCH_CHECK(0 <= tab[t * MB + b] && tab[t * MB + b] < NB, "cpu_decode: block id out of range");
     max_len = std::max<int64_t>(max_len, lens[t]);
   }
-  Attn a{qkv.data_ptr<float>(), qkv.size(1), cos.data_ptr<float>(), sin.data_ptr<float>(), pos,
-         kv_cache.data_ptr<float>(), layer, kv_cache.size(1), BS, Hq, Hkv, D, slots, tab, MB, lens,
-         static_cast<float>(scale), out.data_ptr<float>()};
-  const bool simd = use_avx512(isa) && D % 16 == 0 && Hq <= 64;
-  // Work item t writes t's new slot, then reads only t's own sequence (one decode token per
-  // sequence), so items may run on any thread in any order.
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(Hq * D), p(Hq * max_len);
-    std::vector<const float*> rows(max_len);
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t h = 0; h < Hkv; ++h) rotate_and_write(a, t, h, q.data() + h * (Hq / Hkv) * D);
-      k_rows(a, t, rows.data());
-#ifdef BATON_X86
-      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
-#endif
-      attend_scalar(a, t, q.data(), rows.data(), p.data());
-    }
-  });
+  if (dtype == at::kFloat)
+    launch<float>(qkv, cos, sin, pos, kv_cache, layer, slots, tab, MB, lens, scale, Hq, out, max_len, isa);
+  else
+    launch<baton::bf16>(qkv, cos, sin, pos, kv_cache, layer, slots, tab, MB, lens, scale, Hq, out,
+                        max_len, isa);
 }
 
 void register_cpu_decode(pybind11::module& m) {
   m.def("decode_attention_out", &decode_attention_out,
-        "rotary + KV write + paged decode attention, fp32 CPU (kernels/cpu_decode.py)");
+        "rotary + KV write + paged decode attention, fp32/bf16 CPU (kernels/cpu_decode.py)");
 }

@@ -6,6 +6,9 @@
 //   mean(h²) is summed in 16 lanes (lane j: elements j, j+16, ...), lanes added in a fixed tree.
 // silu_mul_out: y = silu(g) · u over gu [T, 2I] = [gate | up] columns, silu(g) = g / (1 + e^−g).
 //
+// bf16 (every tensor bf16): transformers' bf16 expressions, each torch op's rounding replayed
+// (round_as, bf16.h): h + r rounded to bf16; mean(h²) in fp32; y = bf16(bf16(h·rstd)·w);
+// silu: y = bf16(bf16(silu(g))·u).
 // ISA: AVX-512F (exp512 of simd_exp.h) when the CPU has it, a portable scalar loop (std::exp)
 // otherwise; both give the same rms_norm bits (same per-lane order, no FMA contraction).
 #include <torch/extension.h>
@@ -13,18 +16,24 @@
 #include <cmath>
 #include <cstdint>
 
+#include "bf16.h"
 #include "isa.h"
 #include "simd_exp.h"
 
 namespace {
 
+using baton::bf16;
+using baton::round_as;
+
 bool has_avx512(int64_t isa) { return baton::use_avx512(isa, "cpu_norm"); }
 
 // Σ x² in 16 lanes, then the lanes summed as a tree (8+8, 4+4, 2+2, 1+1), scalar form.
-float sumsq_scalar(const float* x, int64_t n) {
+template <typename T>
+float sumsq_scalar(const T* x, int64_t n) {
   float lane[16] = {0};
   for (int64_t i = 0; i < n; ++i) {
-    const float sq = x[i] * x[i];
+    const float v = static_cast<float>(x[i]);
+    const float sq = v * v;
     lane[i % 16] += sq;
   }
   for (int w = 8; w >= 1; w /= 2)
@@ -33,11 +42,23 @@ float sumsq_scalar(const float* x, int64_t n) {
 }
 
 #ifdef BATON_X86
-__attribute__((target("avx512f"))) float sumsq_avx512(const float* x, int64_t n) {
+// 16 lanes of x from i on, zeros past n (bf16 has no 16-bit masked load in AVX-512F).
+__attribute__((target("avx512f"))) inline __m512 load_tail(const float* x, int64_t i, int64_t n) {
+  const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1u);
+  return _mm512_maskz_loadu_ps(m, x + i);
+}
+__attribute__((target("avx512f"))) inline __m512 load_tail(const bf16* x, int64_t i, int64_t n) {
+  if (n - i >= 16) return baton::load16(x + i);
+  alignas(64) float buf[16] = {0};
+  for (int64_t j = i; j < n; ++j) buf[j - i] = static_cast<float>(x[j]);
+  return _mm512_load_ps(buf);
+}
+
+template <typename T>
+__attribute__((target("avx512f"))) float sumsq_avx512(const T* x, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 v = load_tail(x, i, n);
     acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
   }
   alignas(64) float lane[16];
@@ -59,9 +80,65 @@ __attribute__((target("avx512f"))) void silu_mul_avx512(const float* g, const fl
 }
 #endif
 
-void check(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "cpu_norm: ", name, " must be a contiguous fp32 CPU tensor");
+template <typename T>
+void silu_mul_scalar(const T* g, const T* u, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gv = static_cast<float>(g[i]);
+    const float s = round_as<T>(gv / (1.0f + std::exp(-gv)));
+    y[i] = static_cast<T>(s * static_cast<float>(u[i]));
+  }
+}
+
+#ifdef BATON_X86
+__attribute__((target("avx512f"))) void silu_mul_avx512(const bf16* g, const bf16* u, bf16* y,
+                                                       int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = baton::load16(g + i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    const __m512 s = baton::round16<bf16>(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    baton::store16(y + i, _mm512_mul_ps(s, baton::load16(u + i)));
+  }
+  silu_mul_scalar(g + i, u + i, y + i, n - i);
+}
+#endif
+
+// Every tensor of one call: a contiguous CPU tensor of h's (gu's) dtype, fp32 or bf16.
+void check(const torch::Tensor& t, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "cpu_norm: fp32 or bf16 only");
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.is_contiguous(),
+              "cpu_norm: ", name, " must be a contiguous CPU tensor of one dtype, fp32 or bf16");
+}
+
+template <typename T>
+void add_rms_norm_rows(T* hp, const T* rp, const T* wp, T* op, int64_t rows, int64_t H, float eps,
+                       bool simd) {
+  for (int64_t t = 0; t < rows; ++t) {
+    T* x = hp + t * H;
+    if (rp != nullptr)
+      for (int64_t i = 0; i < H; ++i)
+        x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(rp[t * H + i]));
+#ifdef BATON_X86
+    const float ss = simd ? sumsq_avx512(x, H) : sumsq_scalar(x, H);
+#else
+    const float ss = sumsq_scalar(x, H);
+#endif
+    const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
+    for (int64_t i = 0; i < H; ++i) {
+      const float n = round_as<T>(static_cast<float>(x[i]) * rstd);
+      op[t * H + i] = static_cast<T>(n * static_cast<float>(wp[i]));
+    }
+  }
+}
+
+template <typename T>
+void silu_mul_rows(const T* g, T* y, int64_t rows, int64_t I, bool simd) {
+  for (int64_t t = 0; t < rows; ++t) {
+#ifdef BATON_X86
+    if (simd) { silu_mul_avx512(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I); continue; }
+#endif
+    silu_mul_scalar(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I);
+  }
 }
 
 }  // namespace
@@ -69,56 +146,36 @@ void check(const torch::Tensor& t, const char* name) {
 // h [T, H] (updated in place when r is non-empty), r [T, H] or empty, w [H], out [T, H].
 void add_rms_norm_out(torch::Tensor& h, const torch::Tensor& r, const torch::Tensor& w, double eps,
                       torch::Tensor& out, int64_t isa) {
-  check(h, "h"); check(w, "w"); check(out, "out");
+  const at::ScalarType dt = h.scalar_type();
+  check(h, dt, "h"); check(w, dt, "w"); check(out, dt, "out");
   TORCH_CHECK(h.dim() == 2 && w.dim() == 1 && w.size(0) == h.size(1) && out.sizes() == h.sizes(),
               "cpu_norm: h [T, H], w [H], out [T, H] expected");
   const bool add = r.numel() > 0;
-  if (add) { check(r, "r"); TORCH_CHECK(r.sizes() == h.sizes(), "cpu_norm: r must match h"); }
-  const int64_t T = h.size(0), H = h.size(1);
-  float* hp = h.data_ptr<float>();
-  const float* rp = add ? r.data_ptr<float>() : nullptr;
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  if (add) { check(r, dt, "r"); TORCH_CHECK(r.sizes() == h.sizes(), "cpu_norm: r must match h"); }
   const bool simd = has_avx512(isa);
-  for (int64_t t = 0; t < T; ++t) {
-    float* x = hp + t * H;
-    if (add)
-      for (int64_t i = 0; i < H; ++i) x[i] += rp[t * H + i];
-#ifdef BATON_X86
-    const float ss = simd ? sumsq_avx512(x, H) : sumsq_scalar(x, H);
-#else
-    const float ss = sumsq_scalar(x, H);
-#endif
-    const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(H) + static_cast<float>(eps));
-    for (int64_t i = 0; i < H; ++i) {
-      const float n = x[i] * rstd;
-      op[t * H + i] = n * wp[i];
-    }
-  }
+  const float e = static_cast<float>(eps);
+  if (dt == at::kFloat)
+    add_rms_norm_rows(h.data_ptr<float>(), add ? r.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                      out.data_ptr<float>(), h.size(0), h.size(1), e, simd);
+  else
+    add_rms_norm_rows(h.data_ptr<bf16>(), add ? r.data_ptr<bf16>() : nullptr, w.data_ptr<bf16>(),
+                      out.data_ptr<bf16>(), h.size(0), h.size(1), e, simd);
 }
 
 // gu [T, 2I] ([gate | up]), out [T, I].
 void silu_mul_out(const torch::Tensor& gu, torch::Tensor& out, int64_t isa) {
-  check(gu, "gu"); check(out, "out");
+  check(gu, gu.scalar_type(), "gu"); check(out, gu.scalar_type(), "out");
   TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0 && out.dim() == 2 && out.size(0) == gu.size(0)
               && out.size(1) * 2 == gu.size(1), "cpu_norm: gu [T, 2I], out [T, I] expected");
-  const int64_t T = gu.size(0), I = out.size(1);
-  const float* g = gu.data_ptr<float>();
-  float* y = out.data_ptr<float>();
   const bool simd = has_avx512(isa);
-  for (int64_t t = 0; t < T; ++t) {
-#ifdef BATON_X86
-    if (simd) { silu_mul_avx512(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I); continue; }
-#endif
-    for (int64_t i = 0; i < I; ++i) {
-      const float gv = g[t * 2 * I + i];
-      y[t * I + i] = gv / (1.0f + std::exp(-gv)) * g[t * 2 * I + I + i];
-    }
-  }
+  if (gu.scalar_type() == at::kFloat)
+    silu_mul_rows(gu.data_ptr<float>(), out.data_ptr<float>(), gu.size(0), out.size(1), simd);
+  else
+    silu_mul_rows(gu.data_ptr<bf16>(), out.data_ptr<bf16>(), gu.size(0), out.size(1), simd);
 }
 
 void register_cpu_norm(pybind11::module& m) {
-  m.def("add_rms_norm_out", &add_rms_norm_out, "h += r; out = rms_norm(h) * w (fp32 CPU)");
-  m.def("silu_mul_out", &silu_mul_out, "out = silu(gate) * up (fp32 CPU)");
+  m.def("add_rms_norm_out", &add_rms_norm_out, "h += r; out = rms_norm(h) * w (fp32/bf16 CPU)");
+  m.def("silu_mul_out", &silu_mul_out, "out = silu(gate) * up (fp32/bf16 CPU)");
   m.def("has_avx512", [] { return has_avx512(0); }, "whether the AVX-512F variants run here");
 }

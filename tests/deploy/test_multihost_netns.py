@@ -162,7 +162,7 @@ def netns_names() -> list[str]:
 def colocated(tiny_llama):
     from baton import LLM
 
-    return LLM(str(tiny_llama), block_size=BLOCK, num_blocks=NUM_BLOCKS)
+    return LLM(str(tiny_llama), block_size=BLOCK, num_blocks=NUM_BLOCKS, dtype="float32")
 
 
 @pytest.mark.parametrize("transport", ["nixl", "grpc"])

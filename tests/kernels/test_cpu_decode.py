@@ -64,20 +64,29 @@ def test_matches_reference(isa: int, lens: list[int], hq: int, hkv: int, d: int)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+def _case_as(dtype: torch.dtype, *args, **kw):
+    """`_case` with its float tensors (qkv, cos, sin, cache) in `dtype`."""
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _case(*args, **kw)
+    return qkv.to(dtype), cos.to(dtype), sin.to(dtype), pos, cache.to(dtype), slots, tables, ctx
+
+
 @needs_native
-def test_negative_slot_writes_nothing() -> None:
-    qkv, cos, sin, pos, cache, slots, tables, ctx = _case([20, 7], 9, 3, 64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_negative_slot_writes_nothing(dtype: torch.dtype) -> None:
+    """Only the new slot's block changes; the cache is read and written in place (bf16 too)."""
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _case_as(dtype, [20, 7], 9, 3, 64)
     slots[1] = -1
-    before = cache.clone()
+    before, ptr = cache.clone(), cache.data_ptr()
     cd.decode_attention(qkv, cos, sin, pos, cache, 0, slots, tables, ctx, 0.125, 9)
     changed = (cache != before).any(dim=(1, 2, 3, 4, 5)).nonzero().flatten().tolist()
-    assert changed == [int(slots[0]) // 16]
+    assert changed == [int(slots[0]) // 16] and cache.data_ptr() == ptr
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bad", ["block", "len", "position", "slot"])
-def test_bad_index_raises_before_writing(bad: str) -> None:
-    qkv, cos, sin, pos, cache, slots, tables, ctx = _case([20, 7], 9, 3, 64)
+def test_bad_index_raises_before_writing(bad: str, dtype: torch.dtype) -> None:
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _case_as(dtype, [20, 7], 9, 3, 64)
     if bad == "block":
         tables[1, 0] = cache.shape[0]
     elif bad == "len":

@@ -95,9 +95,11 @@ def test_strided_rows_of_x() -> None:
 
 
 @needs_native
-def test_dispatch_native_up_to_max_rows_torch_above() -> None:
-    w = _rand(33, 40, seed=5)
-    small, big = _rand(g.MAX_ROWS, 40, seed=6), _rand(g.MAX_ROWS + 1, 40, seed=7)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dispatch_native_up_to_max_rows_torch_above(dtype: torch.dtype) -> None:
+    w = _rand(33, 40, seed=5).to(dtype)
+    small = _rand(g.MAX_ROWS, 40, seed=6).to(dtype)
+    big = _rand(g.MAX_ROWS + 1, 40, seed=7).to(dtype)
     assert torch.equal(g.gemv(small, w), g.gemv_native(small, w))
     assert torch.equal(g.gemv(big, w), g.gemv_ref(big, w))
     half = small.double()  # other dtypes take torch's path

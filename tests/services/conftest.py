@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from tests.services.helpers import (
-    FORCE_REMOTE,
-    Client,
-    Cluster,
-    pools_whole,
-    start_decode,
-    start_prefill,
-)
+from tests.services.helpers import FORCE_REMOTE, Cluster, pools_whole, start_pair, stop_pair
 
 TRANSPORTS = ["nixl", "grpc"]
 
@@ -27,13 +20,9 @@ async def pair(request, model):
     """(prefill server, decode server, client) sharing one transport, for a whole module;
     prompts of 16 uncached tokens or more are prefilled remotely (FORCE_REMOTE: these tests
     exercise that path). Tests leave both pools whole (checked after each test by `whole`)."""
-    prefill = await start_prefill(model, request.param)
-    decode = await start_decode(model, request.param, prefill.address, **FORCE_REMOTE)
-    client = Client(decode.address, prefill.address)
-    yield prefill, decode, client
-    await client.close()
-    await decode.stop(drain_s=0)
-    await prefill.stop(drain_s=0)
+    pair = await start_pair(model, request.param, **FORCE_REMOTE)
+    yield pair
+    await stop_pair(*pair)
 
 
 @pytest_asyncio.fixture(loop_scope="module")

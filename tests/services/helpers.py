@@ -26,8 +26,10 @@ _ids = itertools.count()
 
 
 def engine_config(model, block_size: int = BLOCK, num_blocks: int = 96, **sched) -> EngineConfig:
-    return EngineConfig(model=str(model), cache=CacheConfig(block_size=block_size,
-                                                            num_blocks=num_blocks),
+    """The service tests' engine: a small pool, production scheduling, and float32 (named:
+    their outputs are compared token for token with transformers in float32)."""
+    return EngineConfig(model=str(model), dtype="float32",
+                        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
                         scheduler=SchedulerConfig(**sched))
 
 
@@ -50,6 +52,20 @@ async def start_prefill(model, transport: str, **kw) -> PrefillServer:
 async def start_decode(model, transport: str, prefill_address: str | None,
                        **kw) -> DecodeServer:
     return await DecodeServer(decode_config(model, transport, prefill_address, **kw)).start()
+
+
+async def start_pair(model, transport: str, engine: EngineConfig | None = None, **decode_kw):
+    """(prefill server, decode server, client) on one transport, both with `engine`'s config
+    (default: `engine_config(model)`); `decode_kw`: more of the decode worker's config."""
+    prefill = await start_prefill(model, transport, engine=engine)
+    decode = await start_decode(model, transport, prefill.address, engine=engine, **decode_kw)
+    return prefill, decode, Client(decode.address, prefill.address)
+
+
+async def stop_pair(prefill, decode, client) -> None:
+    await client.close()
+    await decode.stop(drain_s=0)
+    await prefill.stop(drain_s=0)
 
 
 @dataclass

@@ -36,7 +36,7 @@ def recomputed_held(decode) -> float:
 
 @pytest.fixture(scope="module")
 def colocated(model):
-    return LLM(str(model), block_size=BLOCK, num_blocks=96)
+    return LLM(str(model), block_size=BLOCK, num_blocks=96, dtype="float32")
 
 
 async def test_below_and_above_threshold_match_reference(whole, model, colocated):

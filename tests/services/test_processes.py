@@ -26,8 +26,8 @@ from tests.services.helpers import FORCE_REMOTE, Client, pools_whole, start_deco
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_ARGS = ["--block-size", "8", "--num-blocks", "96", "--host", "127.0.0.1", "--port", "0",
-               "--log-level", "WARNING"]
+ENGINE_ARGS = ["--dtype", "float32", "--block-size", "8", "--num-blocks", "96",
+               "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
 
 
 def prompt_of(n: int, seed: int) -> list[int]:

@@ -22,7 +22,7 @@ SPEC = StructuredOutput(StructuredOutputKind.JSON_SCHEMA, json.dumps(SCHEMA))
 @pytest.fixture(scope="module")
 def colocated(model):
     """The servers' engine settings, in-process: the reference for token-exact checks."""
-    return LLM(str(model), block_size=BLOCK, num_blocks=96)
+    return LLM(str(model), block_size=BLOCK, num_blocks=96, dtype="float32")
 
 
 async def test_remote_prefill_follows_the_grammar_like_colocated(whole, colocated):
