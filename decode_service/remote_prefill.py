@@ -112,13 +112,13 @@ class RemotePrefill:
         """Never raises for prefill-side trouble; the result says what happened."""
         cfg, plan = self.config, self.plan
         timeout = cfg.prefill_max_seconds
+        src = plan.src_block_ids if cfg.kv_pull else []
         self.receiver.expect(self.transfer_id, plan.dst_block_ids,
-                             timeout_s=timeout + cfg.kv_wait_seconds,
-                             src_block_ids=plan.src_block_ids)
+                             timeout_s=timeout + cfg.kv_wait_seconds, src_block_ids=src)
         request = prefill_pb2.PrefillRequest(
             request_id=self.rid, prompt_token_ids=self.prompt, sampling_params=self.params,
             num_cached_on_decode=plan.num_cached_tokens, dst_block_ids=plan.dst_block_ids,
-            src_block_ids=plan.src_block_ids,
+            src_block_ids=src,
             transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
             timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch, **hint_fields(self.session))
         deadline = time.monotonic() + timeout

@@ -3,6 +3,8 @@
     specs (--decode/--prefill, --workers-file) ──resolve every dns_refresh_s──▶ addresses
     per address: channel + poll loop every poll_interval_s:
         grpc.health.v1 Check("")   SERVING → healthy; NOT_SERVING or no answer → unhealthy
+                                   (a check that only timed out counts from the third in a
+                                   row: a busy worker answers late, it is not gone)
         GetStats                   load and block hashes; a failure only lets them go stale
                                    (no health service: GetStats answering = healthy)
 
@@ -32,6 +34,11 @@ from gateway.router import WorkerView
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 logger = logging.getLogger(__name__)
+# Health checks in a row that may time out before a worker counts as unhealthy: a refused
+# connection or NOT_SERVING counts at once, but a worker busy with a long step (or a loaded
+# host) answers late, and taking it out of routing for that turns load into 503s (as
+# Kubernetes' probes, failureThreshold 3).
+SLOW_POLLS_TO_UNHEALTHY = 3
 
 DECODE, PREFILL = "decode", "prefill"
 
@@ -62,6 +69,7 @@ class Worker:
     last_error: str = ""
     poller: asyncio.Task | None = None
     polled: asyncio.Event = field(default_factory=asyncio.Event)  # set after its first poll
+    slow_polls: int = 0        # health checks in a row that timed out (the worker may be busy)
 
     def view(self, now: float, stale_after_s: float) -> WorkerView:
         fresh = self.stats is not None and now - self.stats_at <= stale_after_s
@@ -296,6 +304,9 @@ class WorkerPool:
                 self._poll_failed(w, f"GetStats: {_describe(stats)}")
                 return
             serving = True
+        elif _timed_out(health) and w.slow_polls + 1 < SLOW_POLLS_TO_UNHEALTHY:
+            w.slow_polls += 1  # busy (a long step holds its loop), not gone: not yet
+            return
         elif isinstance(health, BaseException):
             self._poll_failed(w, f"health: {_describe(health)}")
             return
@@ -304,13 +315,17 @@ class WorkerPool:
         if w.healthy is not serving:
             logger.info("%s worker %s is %s", w.role, w.address,
                         "healthy" if serving else "not serving")
-        w.healthy = serving
+        w.healthy, w.slow_polls = serving, 0
         w.last_error = "" if serving else "health: NOT_SERVING"
 
     def _poll_failed(self, w: Worker, error: str) -> None:
         if w.healthy is not False:
             logger.warning("%s worker %s unhealthy: %s", w.role, w.address, error)
         w.healthy, w.last_error = False, error
+
+
+def _timed_out(e: object) -> bool:
+    return isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def _describe(e: BaseException) -> str:

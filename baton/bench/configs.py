@@ -21,6 +21,11 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
     "no-tiers": (ServerSpec("no-tiers", mode=_C, routing="session",
                             extra_args=("--kv-host-tier-fraction", "0")), None),
     "admission": (ServerSpec("admission", mode=_D, routing="session"), "disaggregated"),
+    # what decode holds reaches a remote prefill through the KV store instead of the pull
+    "store": (ServerSpec("store", mode=_D, routing="session",
+                         extra_args=("--no-kv-pull", "--kv-store", "mooncake")), "disaggregated"),
+    "no-pull": (ServerSpec("no-pull", mode=_D, routing="session",
+                           extra_args=("--no-kv-pull",)), "disaggregated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")

@@ -70,6 +70,8 @@ class DecodeConfig(RoleConfig):
     quarantine_grace_seconds: blocks whose transfer the prefill worker never confirmed
     stopped are reused only this long after the prefill deadline.
     max_n: most completions per request (INVALID_ARGUMENT above it).
+    kv_pull: name this worker's blocks of a remote prefill's prefix hit (src_block_ids), so
+    the prefill worker reads what it lacks instead of computing it (prefill_service/kv_pull.py).
     """
 
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=DECODE_PORT))
@@ -100,6 +102,10 @@ class DecodeConfig(RoleConfig):
         5.0, "blocks a transfer may still write are reused only this long after the prefill "
              "deadline (unless an Abort is answered first)")
     max_n: int = flag(16, "most completions per request")
+    kv_pull: bool = flag(
+        True, "a remote prefill reads the blocks this worker holds of the prompt and the "
+              "prefill worker lacks, instead of computing them (--no-kv-pull: it computes "
+              "them, or loads them from the KV store)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -5,6 +5,7 @@ import asyncio
 import socket
 import time
 
+import grpc
 import httpx
 
 from gateway.config import RoutingPolicy
@@ -181,3 +182,51 @@ def test_config_rejects_bad_addresses():
         gateway_config(["no-port"])
     with pytest.raises(ValueError):
         gateway_config([])
+
+
+class _Rpc:
+    """A stub method: its results in turn (an exception is raised), the last one for good."""
+
+    def __init__(self, *results) -> None:
+        self.results = list(results)
+
+    async def __call__(self, request, timeout=None):
+        r = self.results.pop(0) if len(self.results) > 1 else self.results[0]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+
+def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "x")
+
+
+async def test_a_slow_health_check_is_busy_not_gone_but_a_refusal_counts_at_once():
+    """Health checks that time out (a worker busy with a long step, a loaded host) take it
+    out of routing only from the third in a row; a refused call or NOT_SERVING at once."""
+    from types import SimpleNamespace
+
+    from grpc_health.v1 import health_pb2
+
+    from gateway.workers import SLOW_POLLS_TO_UNHEALTHY, WorkerPool
+    pool = WorkerPool(gateway_config(["127.0.0.1:1"]))
+    serving = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+    slow = _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED)
+    w = Worker("a:1", "decode", channel=None,
+               stub=SimpleNamespace(GetStats=_Rpc(common_pb2.WorkerStats())),
+               health=SimpleNamespace(Check=_Rpc(serving)))
+    await pool.poll_once(w)
+    assert w.healthy is True
+    w.health.Check = _Rpc(slow)
+    for _ in range(SLOW_POLLS_TO_UNHEALTHY - 1):
+        await pool.poll_once(w)
+        assert w.healthy is True
+    await pool.poll_once(w)
+    assert w.healthy is False and "DEADLINE_EXCEEDED" in w.last_error
+    w.health.Check = _Rpc(slow, serving)  # one late answer, then a good one: counts reset
+    await pool.poll_once(w)
+    await pool.poll_once(w)
+    assert w.healthy is True and w.slow_polls == 0
+    w.health.Check = _Rpc(_rpc_error(grpc.StatusCode.UNAVAILABLE))
+    await pool.poll_once(w)
+    assert w.healthy is False

@@ -96,6 +96,27 @@ async def test_a_pull_that_fails_is_computed_instead(whole, model, monkeypatch):
     assert (res.fin.usage.cached_tokens, res.fin.usage.recomputed_held_tokens) == (32, 8)
 
 
+async def test_without_the_pull_held_blocks_are_recomputed(whole, model):
+    """--no-kv-pull: decode names no src blocks, the prefill worker computes what it lacks
+    (the store, when configured, is then the only way not to): usage says so."""
+    prefill, decode, _ = whole
+    other = await start_decode(model, decode.config.transport, prefill.address,
+                               kv_pull=False, **FORCE_REMOTE)
+    client = Client(other.address)
+    try:
+        turn1 = prompt_of(37, seed=21)
+        out1 = (await client.generate(turn1)).output
+        turn2 = turn1 + out1 + prompt_of(20, seed=22)
+        pulled_before = pulled(prefill)
+        res = await client.generate(turn2)
+        assert res.output == hf_greedy(model, turn2, 8) and res.fin.timings.remote_prefill
+        assert pulled(prefill) == pulled_before
+        assert (res.fin.usage.cached_tokens, res.fin.usage.recomputed_held_tokens) == (32, 8)
+    finally:
+        await client.close()
+        await other.stop(drain_s=0)
+
+
 async def test_prefill_hit_beyond_decode_hit(whole, model):
     """Fresh decode workers (no hit) after the prefill worker cached the whole prompt:
     prefill computes one block, all blocks are sent, output unchanged."""
