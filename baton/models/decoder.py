@@ -43,8 +43,11 @@ class AttentionMetadata:
     """Per-step attention inputs (all int tensors on the model's device).
 
     slot_mapping: [T] int64, cache slot of each new token (block_id * block_size + offset).
-    num_decode_tokens: Td; rows [0, Td) are single-token decodes, rows [Td, T) prefill chunks.
+    num_decode_tokens: Td; rows [0, Td) are decode rows' tokens, rows [Td, T) prefill chunks.
     decode_block_tables: [Bd, max_blocks] int32; decode_context_lens: [Bd] int32 (incl. new).
+    decode_query_start_loc: [Bd+1] int32 when some decode row carries drafted tokens (a
+    speculative row: its tokens attend causally), else None (one token a row, Bd = Td);
+    decode_max_query_len: the longest decode row (host side: sizes the Triton tile).
     prefill_block_tables: [S, max_blocks] int32; prefill_query_start_loc: [S+1] int32 (offsets
     into the prefill rows); prefill_seq_lens: [S] int32 (tokens in cache incl. the new ones).
     """
@@ -56,6 +59,8 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     prefill_query_start_loc: torch.Tensor | None = None
     prefill_seq_lens: torch.Tensor | None = None
+    decode_query_start_loc: torch.Tensor | None = None
+    decode_max_query_len: int = 1
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,7 @@ class DecoderModel:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
         if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
+                and meta.decode_query_start_loc is None
                 and cpu_decode.supported(kv_cache, s.num_heads)):
             return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
@@ -213,7 +219,7 @@ class DecoderModel:
             plan = PagedAttentionPlan(
                 tuple(kv_cache.shape), meta.slot_mapping, meta.num_decode_tokens,
                 meta.decode_block_tables, meta.decode_context_lens, meta.prefill_block_tables,
-                meta.prefill_query_start_loc, meta.prefill_seq_lens)
+                meta.prefill_query_start_loc, meta.prefill_seq_lens, meta.decode_query_start_loc)
             kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
@@ -276,7 +282,7 @@ class DecoderModel:
         if td:
             parts.append(kernels.paged_decode_attention(
                 q[:td], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                self.scale))
+                self.scale, meta.decode_query_start_loc, meta.decode_max_query_len))
         if td < q.shape[0]:
             parts.append(kernels.prefill_attention(
                 q[td:], k_cache, v_cache, meta.prefill_block_tables,
