@@ -145,14 +145,17 @@ class Scheduler:
         return SchedulerOutput(plan.scheduled, plan.preempted)
 
     def _plan_decodes(self, plan: _Plan) -> None:
-        """Step 2 of `schedule`: the decode rows, each with what fits of its drafts."""
+        """Step 2 of `schedule`: the decode rows, each with what fits of its drafts (the
+        budget keeps one token for every decode row after it)."""
         i = 0
+        left = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
             i += 1
             if req.num_tokens - req.num_computed_tokens != 1:
                 continue  # a partial prefill: step 3
-            spec = tuple(req.spec_token_ids[:plan.budget - 1])
+            spec = tuple(req.spec_token_ids[:max(0, plan.budget - left)])
+            left -= 1
             if spec and self.kv.allocate_slots(
                     req.request_id, req.num_computed_tokens + 1 + len(spec)) is None:
                 spec = ()  # drafts never preempt anyone

@@ -36,6 +36,7 @@ from baton.engine.spec.token_index import TokenIndex
 @dataclass
 class _State:
     session_id: str | None
+    session_end: bool  # the session's last turn: its index is dropped, not kept
     k_cap: int
     own: TokenIndex | None = None  # built at the request's first proposal
     side: TokenIndex | None = None  # the session's earlier index, when not continued
@@ -52,9 +53,11 @@ class Drafter:
         self.sessions = SessionIndices(config.session_cache_tokens)
         self.recent = RecentOutputs(config.recent_cache_tokens)
 
-    def add(self, request_id: str, session_id: str | None) -> None:
-        """Track a new request (its index is built at its first `propose`)."""
-        self._states[request_id] = _State(session_id, self.config.num_speculative_tokens)
+    def add(self, request_id: str, session_id: str | None, session_end: bool = False) -> None:
+        """Track a new request (its index is built at its first `propose`); `session_end`:
+        its session ends with it."""
+        self._states[request_id] = _State(session_id, session_end,
+                                          self.config.num_speculative_tokens)
 
     def propose(self, req: Request, max_draft: int) -> list[int]:
         """Draft at most `max_draft` tokens to follow req.all_token_ids ([] when nothing
@@ -93,7 +96,7 @@ class Drafter:
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         """The verify step's result for the request's last draft (adapts its k_cap)."""
         st = self._states.get(request_id)
-        if st is None or num_drafted == 0 or not self._suffix or self.config.synthetic_acceptance:
+        if st is None or not num_drafted or not self._suffix or self.config.synthetic_acceptance:
             return
         if num_accepted >= num_drafted:
             st.k_cap = min(self.config.num_speculative_tokens, 2 * st.k_cap)
@@ -108,7 +111,9 @@ class Drafter:
         if st is None or st.own is None or not self._suffix:
             return
         self.recent.add(req.output_token_ids)
-        if st.session_id is not None:
+        if st.session_id is not None and st.session_end:
+            self.sessions.drop(st.session_id)
+        elif st.session_id is not None:
             st.own.index_to(len(req.all_token_ids))
             self.sessions.put(st.session_id, st.own)
 
