@@ -19,7 +19,9 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
               "--kv-host-tier-bytes", "4096", "--kv-disk-tier-dir", "/tmp/t",
               "--kv-disk-tier-bytes", "8192", "--slo-ttft-ms", "1500",
-              "--kv-store-url", "mooncake://127.0.0.1:5", "--kv-store-segment-bytes", "4096"]
+              "--kv-store-url", "mooncake://127.0.0.1:5", "--kv-store-segment-bytes", "4096",
+              "--speculative-method", "suffix", "--num-speculative-tokens", "5",
+              "--spec-benchmark-synthetic-acceptance", "0.9,0.5"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -41,6 +43,10 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
         assert engine.cache.kv_store_url == up.kv_store_url
         if up.kv_store_segment_bytes is not None:
             assert engine.cache.kv_store_segment_bytes == up.kv_store_segment_bytes
+        spec = engine.speculative
+        assert spec.method == up.speculative_method  # None: off unless asked
+        if up.speculative_method is not None:
+            assert (spec.num_speculative_tokens, spec.synthetic_acceptance) == (5, (0.9, 0.5))
     decode = decode_parse(decode_args(up))
     if up.min_remote_tokens is not None:
         assert decode.min_remote_tokens == up.min_remote_tokens

@@ -23,6 +23,14 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
                             extra_args=("--threads", "2")), None),
     "admission": (ServerSpec("admission", mode=_D, routing="session",
                              extra_args=("--pin", "share")), "disaggregated"),
+    "spec": (ServerSpec("spec", mode=_C, routing="session", extra_args=(
+        "--threads", "2", "--speculative-method", "suffix")), "colocated"),
+    "spec-disaggregated": (ServerSpec("spec-disaggregated", mode=_D, routing="session",
+                                      extra_args=("--pin", "share", "--speculative-method",
+                                                  "suffix")), "disaggregated"),
+    "spec-synthetic": (ServerSpec("spec-synthetic", mode=_C, routing="session", extra_args=(
+        "--threads", "2", "--speculative-method", "suffix",
+        "--spec-benchmark-synthetic-acceptance", "0.7")), "colocated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")

@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an existing store's master, mooncake://HOST:PORT (instead of a local one)")
     p.add_argument("--kv-store-segment-bytes", type=int, default=None,
                    help="memory each worker lends the KV store")
+    p.add_argument("--speculative-method", choices=["suffix", "ngram", "none"], default=None,
+                   help="workers' speculative decoding (default: the workers', off)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="workers' most drafted tokens a decode row (default: the workers')")
+    p.add_argument("--spec-benchmark-synthetic-acceptance", default=None, metavar="RATES",
+                   help="BENCHMARK ONLY (outputs are not the model's): the workers' forced "
+                        "draft acceptance per position (see baton serve-decode --help)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--pin", choices=["none", "split", "share"], default="none",
                    help="split: pin prefill and decode workers to disjoint CPU sets; share: "

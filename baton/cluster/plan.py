@@ -20,7 +20,8 @@ from baton.worker.cpu_share import create_share_file
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
                  "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes",
-                 "kv_store_url", "kv_store_segment_bytes")
+                 "kv_store_url", "kv_store_segment_bytes", "speculative_method",
+                 "num_speculative_tokens", "spec_benchmark_synthetic_acceptance")
 _GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s",
                   "slo_ttft_ms")
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from baton.config import SCHEDULE_POLICIES, CacheConfig, EngineConfig, SchedulerConfig
+from baton.config import (
+    SCHEDULE_POLICIES,
+    SPECULATIVE_METHODS,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,43 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "tier and is loaded back, not recomputed; 0 = never)")
     g.add_argument("--seed", type=int, default=0,
                    help="the default RNG's seed (requests without their own seed)")
+    add_speculative_args(p)
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding flags (SpeculativeConfig)."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative-method", choices=[*SPECULATIVE_METHODS, "none"],
+                   default="none",
+                   help="model-free drafts verified in the decode step, outputs unchanged: "
+                        "suffix (the session's tokens and recent outputs, adaptive length), "
+                        "ngram (the request's own tokens), none (off)")
+    g.add_argument("--num-speculative-tokens", type=int, default=8,
+                   help="most drafted tokens a decode row carries per step")
+    g.add_argument("--speculative-min-match-tokens", type=int, default=3,
+                   help="shortest match of the recent tokens that drafts anything")
+    g.add_argument("--spec-benchmark-synthetic-acceptance", type=_rates, default=None,
+                   metavar="RATE[,RATE...]",
+                   help="BENCHMARK ONLY, outputs are not the model's: keep draft position i "
+                        "with probability RATE_i whatever the model says (one RATE r: r, r², "
+                        "...; as vLLM's synthetic rejection sampler); needs "
+                        "--speculative-method")
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RATE[,RATE...], got {text!r}") from None
+
+
+def speculative_config_from_args(a: argparse.Namespace) -> SpeculativeConfig:
+    """The SpeculativeConfig of parsed `add_speculative_args` flags (ValueError: bad values)."""
+    return SpeculativeConfig(
+        method=None if a.speculative_method == "none" else a.speculative_method,
+        num_speculative_tokens=a.num_speculative_tokens,
+        min_match_tokens=a.speculative_min_match_tokens,
+        synthetic_acceptance=a.spec_benchmark_synthetic_acceptance or ())
 
 
 def add_server_args(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -153,7 +197,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
                                   max_bypass_s=a.max_bypass_s, policy=a.schedule_policy,
                                   max_prefill_wait_s=a.max_prefill_wait_s,
                                   prefill_target_tokens=a.prefill_target_tokens,
-                                  time_slice_s=a.time_slice_s))
+                                  time_slice_s=a.time_slice_s),
+        speculative=speculative_config_from_args(a))
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
