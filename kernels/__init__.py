@@ -12,7 +12,8 @@ is contiguous across layers for transfer):
 `kernels/csrc/gemv.cpp`, built on first use) beside its torch reference; import it as the module
 `kernels.gemv` (it is not re-exported here, so the name stays the module's). The same extension
 holds the fused fp32 CPU decode ops of `kernels/cpu_decode.py` (rotary + KV write + paged
-attention over the block table; add+RMSNorm; SiLU·mul), each beside its torch reference.
+attention over the block table; add+RMSNorm; SiLU·mul) and of `kernels/cpu_verify.py` (the same
+attention for decode rows of several query tokens), each beside its torch reference.
 
 This is a leaf package: it imports nothing of Baton's. Hugging Face has an unrelated optional
 package also imported as `kernels`; transformers accepts it only at versions in [0.18.2, 0.19.0),

@@ -35,8 +35,10 @@ ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
 
 _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
 # one extension: gemv.cpp's module init also registers the ops of cpu_decode.cpp and
-# cpu_norm.cpp (used by kernels/cpu_decode.py); the build key hashes the headers too
-_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp", _SOURCE.parent / "cpu_norm.cpp"]
+# cpu_norm.cpp (used by kernels/cpu_decode.py) and cpu_verify.cpp (kernels/cpu_verify.py);
+# the build key hashes the headers too
+_SOURCES = [_SOURCE, _SOURCE.parent / "cpu_decode.cpp", _SOURCE.parent / "cpu_norm.cpp",
+            _SOURCE.parent / "cpu_verify.cpp"]
 _HASHED = _SOURCES + [_SOURCE.parent / "simd_exp.h", _SOURCE.parent / "isa.h"]
 _log = logging.getLogger(__name__)
 _ext = None

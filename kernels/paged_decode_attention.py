@@ -80,7 +80,7 @@ def paged_decode_attention_ref(
     mask of the module docstring). Cost: gathers `T * max(context_lens)` positions.
     """
     if query_start_loc is not None:
-        block_tables, context_lens = _per_token(block_tables, context_lens, query_start_loc)
+        block_tables, context_lens = per_token_rows(block_tables, context_lens, query_start_loc)
     batch = query.shape[0]
     if batch == 0:
         return torch.empty_like(query)
@@ -102,7 +102,7 @@ def paged_decode_attention_ref(
     return out[:, :, 0]
 
 
-def _per_token(block_tables: torch.Tensor, context_lens: torch.Tensor,
+def per_token_rows(block_tables: torch.Tensor, context_lens: torch.Tensor,
                query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(block tables [T, max_blocks], context lengths [T]) of each query token: its row's
     table, and its row's context up to and including its own position."""

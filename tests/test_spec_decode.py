@@ -165,3 +165,22 @@ def test_a_small_budget_and_pool_only_drop_drafts(tiny_llama):
     out = one.generate(prompts, p)
     assert [o.output_token_ids for o in out] == [o.output_token_ids for o in off]
     assert len(one.engine.scheduler.totals.spec_accepted_per_pos) <= 2
+
+
+@pytest.mark.skipif(not __import__("kernels.cpu_verify").cpu_verify.available(),
+                    reason="native extension did not build here")
+def test_the_fused_cpu_decode_step_takes_speculative_rows(monkeypatch, tiny_llama):
+    """The fused native decode step (forced on: AVX-512 machines take it by default) runs
+    steps with drafted rows through kernels.cpu_verify: transformers' greedy tokens."""
+    from kernels import cpu_verify
+    llm = _llm(tiny_llama, SUFFIX)
+    llm.engine.model.fused_decode = True
+    calls = []
+    native = cpu_verify.verify_attention
+    monkeypatch.setattr(cpu_verify, "verify_attention",
+                        lambda *a, **k: calls.append(1) or native(*a, **k))
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(PROMPTS[:3], p)
+    for prompt, out in zip(PROMPTS[:3], outs):
+        assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 24)
+    assert calls and _accepted(llm.engine) > 0

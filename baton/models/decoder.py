@@ -11,7 +11,8 @@ GEMM); other dtypes, or a machine where the extension does not build, keep the t
 
 A CPU step of decode tokens only, with the native extension built on an AVX-512 CPU and no
 per-head q/k norm, runs each layer's rotary + KV write + paged attention as one native call
-(`kernels.cpu_decode`, K/V read in place through the block table), and each residual add + RMSNorm
+(`kernels.cpu_decode`, K/V read in place through the block table; `kernels.cpu_verify` when
+some decode row carries drafted tokens), and each residual add + RMSNorm
 and the SiLU·mul as one call each. Other CPU steps first build a
 `kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
 layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
@@ -34,7 +35,7 @@ from safetensors.torch import load_file
 
 import kernels
 from baton.models.linear import Linear, use_native_gemv
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -208,8 +209,9 @@ class DecoderModel:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
         if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
-                and meta.decode_query_start_loc is None
-                and cpu_decode.supported(kv_cache, s.num_heads)):
+                and cpu_decode.supported(kv_cache, s.num_heads)
+                and (meta.decode_query_start_loc is None
+                     or cpu_verify.supported(kv_cache, s.num_heads))):
             return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
@@ -253,6 +255,9 @@ class DecoderModel:
         positions, slots = positions.long().contiguous(), meta.slot_mapping.long().contiguous()
         tables = meta.decode_block_tables.int().contiguous()
         lens = meta.decode_context_lens.int().contiguous()
+        rows = meta.decode_query_start_loc  # speculative rows: kernels.cpu_verify's op
+        if rows is not None:
+            rows = rows.int().contiguous()
         h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
         x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
@@ -261,9 +266,14 @@ class DecoderModel:
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
-                                               kv_cache, i, slots, tables, lens, self.scale,
-                                               s.num_heads)
+            if rows is None:
+                attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
+                                                   kv_cache, i, slots, tables, lens, self.scale,
+                                                   s.num_heads)
+            else:
+                attn = cpu_verify.verify_attention(qkv, self._cos, self._sin_signed, positions,
+                                                   kv_cache, i, slots, tables, lens, rows,
+                                                   self.scale, s.num_heads)
             x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
             gate_up = layer.gate_up(x)
             if self._silu:
