@@ -184,3 +184,26 @@ def test_the_fused_cpu_decode_step_takes_speculative_rows(monkeypatch, tiny_llam
     for prompt, out in zip(PROMPTS[:3], outs):
         assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 24)
     assert calls and _accepted(llm.engine) > 0
+
+
+def test_kv_tiers_only_ever_see_accepted_tokens(tiny_llama):
+    """Requests preempted into a host tier every step (time slices of 1 ns) while drafting:
+    transformers' greedy tokens, and every block the pool and the tier hold hashes tokens of
+    some request's final sequence (a rejected draft never reaches a hash)."""
+    from baton.block_hash import hash_block_tokens
+    prompts = [[5 + k, 6] + CODE + [7] + CODE[:5 + k] for k in range(3)]
+    p = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    llm = _llm(tiny_llama, SUFFIX, num_blocks=40, time_slice_s=1e-9,
+               kv_host_tier_bytes=1 << 22)
+    outs = llm.generate(prompts, p)
+    for prompt, out in zip(prompts, outs):
+        assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 16)
+    kv, totals = llm.engine.kv, llm.engine.scheduler.totals
+    assert totals.num_time_slices > 0 and 0 < totals.spec_accepted_tokens < \
+        totals.spec_draft_tokens
+    valid = set()
+    for prompt, out in zip(prompts, outs):
+        valid.update(hash_block_tokens(prompt + out.output_token_ids, 4, [], kv.hash_fn))
+    tier = set(kv.tier.host.index)
+    assert tier and set(kv.pool.cached) | tier <= valid
+    assert kv.num_free_blocks == kv.num_blocks
