@@ -177,7 +177,7 @@ class Scheduler:
         """Step 3 of `schedule`. A waiting request that cannot start keeps its place; one
         that stops admission (`_admit` False) lets nothing waiting behind it start, while
         running partial prefills behind it still run."""
-        admit, admitted = not plan.preempted, []
+        admit, admitted = True, []
         try:
             for req in order:
                 if plan.budget <= 0:
@@ -186,7 +186,7 @@ class Scheduler:
                     continue
                 if req.status is RequestStatus.RUNNING:
                     self._plan_partial(plan, step, req)
-                elif admit and len(self.running) < self.config.max_num_seqs:
+                elif admit and not plan.preempted and len(self.running) < self.config.max_num_seqs:
                     admit = self._admit(plan, step, req)
                     if req.status is RequestStatus.RUNNING:
                         admitted.append(req)
@@ -201,22 +201,17 @@ class Scheduler:
                 self.waiting.extend(kept)
 
     def _plan_partial(self, plan: _Plan, step: PrefillStep, req: Request) -> None:
-        """A running partial prefill's next chunk, if the step's rules and the pool allow
-        (short of blocks it preempts only requests this step has not planned)."""
+        """A running partial prefill's next chunk, if the step's rules and the pool allow.
+        Short of blocks it sits the step out, preempting no one: its prompt's blocks were
+        counted at admission, so only decode growth or this step's drafts (released after
+        it) can have taken them, and decode rows preempt from the back when they run out."""
         start = req.num_computed_tokens
         n = step.cap(req, start, self._num_new_tokens(req, start, plan.budget))
         if step.defers(req, start, n):
             return
-        while (new := self.kv.allocate_slots(req.request_id, start + n)) is None:
-            planned = {id(row.request) for row in plan.scheduled}
-            victim = next((r for r in reversed(self.running) if id(r) not in planned), None)
-            if victim is None:
-                return
-            self.running.remove(victim)
-            self._preempt(victim)
-            plan.preempted.append(victim)
-            if victim is req:
-                return
+        new = self.kv.allocate_slots(req.request_id, start + n)
+        if new is None:
+            return
         if plan.reserved is not None:
             plan.reserved -= len(new)
         step.add(req, start, n)
