@@ -59,10 +59,10 @@ def test_trim_releases_only_blocks_past_the_tokens():
     assert s.kv.trim("a", 5) == 0 and a.status is RequestStatus.RUNNING
 
 
-def test_a_partial_prefill_short_of_blocks_sits_out_and_preempts_no_one():
-    """d's drafts take the pool's last free blocks before p's next chunk is planned: p sits
-    the step out (nothing planned is taken back, nobody is preempted) and runs once the
-    rejected drafts' blocks are released."""
+def test_drafts_take_only_blocks_no_running_request_needs():
+    """A 4-block pool: d decodes (block 0) while p's 8-token prompt runs in chunks of 4 (block
+    1, one more to come). d's 5 drafts may fill its own block and one spare block, never the
+    block p's next chunk needs: d carries 4, p runs, nobody is preempted."""
     s = _scheduler(4, long_prefill_token_threshold=4)
     d = _decoding(s, "d", [3, 4])
     p = _req("p", list(range(10, 18)), max_tokens=2)
@@ -70,10 +70,5 @@ def test_a_partial_prefill_short_of_blocks_sits_out_and_preempts_no_one():
     assert _rows(_step(s)) == [("d", 1), ("p", 4)]
     d.spec_token_ids = [9, 9, 9, 9, 9]
     out = s.schedule()
-    assert _rows(out) == [("d", 6)] and out.preempted == [] and s.kv.num_free_blocks == 0
-    d.num_computed_tokens += 1  # what the engine does when every draft is rejected
-    d.append_output_token(1)
-    s.kv.trim("d", d.num_tokens)
-    d.spec_token_ids = []
-    assert _rows(_step(s)) == [("d", 1), ("p", 4)]
-    assert p.num_preemptions == d.num_preemptions == 0
+    assert _rows(out) == [("d", 5), ("p", 4)] and out.preempted == []
+    assert out.scheduled[0].spec_token_ids == (9, 9, 9, 9) and s.kv.num_free_blocks == 0

@@ -145,23 +145,35 @@ class Scheduler:
         return SchedulerOutput(plan.scheduled, plan.preempted)
 
     def _plan_decodes(self, plan: _Plan) -> None:
-        """Step 2 of `schedule`: the decode rows, each with what fits of its drafts (the
-        budget keeps one token for every decode row after it)."""
+        """Step 2 of `schedule`: the decode rows, each with what fits of its drafts. Drafts
+        take only spare budget (one token is kept for every decode row after) and spare
+        blocks (`_draft_room`): they never make anyone wait or be preempted."""
         i = 0
         left = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        keep = sum(map(self._blocks_to_finish, self.running)) if left else 0
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
             i += 1
             if req.num_tokens - req.num_computed_tokens != 1:
                 continue  # a partial prefill: step 3
-            spec = tuple(req.spec_token_ids[:max(0, plan.budget - left)])
+            own = self._blocks_to_finish(req)
+            keep -= own
+            room = min(plan.budget - left, self._draft_room(req, own, keep))
+            spec = tuple(req.spec_token_ids[:max(0, room)])
             left -= 1
-            if spec and self.kv.allocate_slots(
-                    req.request_id, req.num_computed_tokens + 1 + len(spec)) is None:
-                spec = ()  # drafts never preempt anyone
-            if not spec and not self._allocate_or_preempt(req, 1, plan.preempted):
+            if spec:
+                self.kv.allocate_slots(req.request_id, req.num_computed_tokens + 1 + len(spec))
+            elif not self._allocate_or_preempt(req, 1, plan.preempted):
                 break  # req itself was preempted; it was the last running request
             plan.add(self._scheduled(req, 1 + len(spec), spec))
+
+    def _draft_room(self, req: Request, own: int, keep: int) -> int:
+        """Drafted tokens decode row `req` may carry: the free slots of its blocks after its
+        own token, plus whole free blocks beyond its `own` next one and the `keep` blocks the
+        other running requests still need for their next tokens and prompts."""
+        spare = max(0, self.kv.num_free_blocks - own - keep)
+        held = self.kv.num_request_blocks(req.request_id) + own
+        return (held + spare) * self.kv.block_size - req.num_computed_tokens - 1
 
     def _prefill_order(self, key: Callable[[Request], tuple] | None) -> list[Request]:
         """Running partial prefills, then the waiting queue (in policy order already); with
