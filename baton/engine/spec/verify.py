@@ -98,7 +98,7 @@ class Verifier:
             if row.params.is_greedy:
                 t = best[base + j]
             elif row.generator is not None:  # its one draw for this output position
-                q = seeded_draw(row.generator, probs.shape[1])
+                q = seeded_draw(row.generator, probs.shape[1]).to(probs.device)
                 t = int((probs[base + j] / q).argmax())
             else:
                 t = drawn[base + j]
