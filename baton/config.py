@@ -47,6 +47,11 @@ def _check_device(name: str) -> None:
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {name!r}")
 
 
+def rates(text: str) -> tuple[float, ...]:
+    """"0.8,0.6" → (0.8, 0.6) (ValueError, which argparse reports, on anything else)."""
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
 def none_or(kind):
     """--flag TEXT where "none" (or "auto", "") means None: deployment files can pass the
     flag always and leave the value to an environment variable."""
@@ -197,6 +202,82 @@ class SchedulerConfig:
             raise ValueError(f"policy must be one of {SCHEDULE_POLICIES}, got {self.policy!r}")
 
 
+SPECULATIVE_METHODS = ("suffix", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Model-free speculative decoding (baton/engine/spec/): decode rows carry drafted tokens,
+    verified in the same step; outputs are those of decoding without it (greedy: the same
+    tokens; sampled: the same distribution, and a seed gives the same tokens).
+
+    method: "suffix" (the session's tokens and recent outputs, longest match, adaptive
+    length: spec/drafter.py), "ngram" (the request's own tokens, fixed length: vLLM's prompt
+    lookup), or None (off, the default: see README "Speculative decoding").
+    num_speculative_tokens: most drafted tokens a decode row carries per step.
+    max_match_tokens: longest suffix compared when matching (suffix trees' depth; ngram:
+    vLLM's prompt_lookup_max). min_match_tokens: shortest match that drafts (prompt_lookup_min).
+    max_spec_factor: a suffix draft is at most this × its match length (ArcticInference).
+    session_cache_tokens / recent_cache_tokens: tokens kept for sessions' next turns / of
+    recently finished outputs (memory: about 50 bytes a token).
+    synthetic_acceptance: BENCHMARK ONLY, outputs are not the model's: draft position i is
+    accepted with probability synthetic_acceptance[i] (one value r: r, r², r³...), whatever the
+    model says (vLLM's synthetic rejection sampler; SGLang's SGLANG_SIMULATE_ACC_LEN), so
+    points with a chosen acceptance can be measured on synthetic prompts. () = off.
+    """
+
+    method: str | None = flag(
+        None, "model-free drafts verified in the decode step, outputs unchanged: suffix (the "
+              "session's tokens and recent outputs, adaptive length), ngram (the request's own "
+              "tokens), none (off)", name="--speculative-method", parse=none_or(str),
+        choices=(*SPECULATIVE_METHODS, None))
+    num_speculative_tokens: int = flag(8, "most drafted tokens a decode row carries per step")
+    max_match_tokens: int = 64
+    min_match_tokens: int = flag(3, "shortest match of the recent tokens that drafts anything",
+                                 name="--speculative-min-match-tokens")
+    max_spec_factor: float = 1.0
+    session_cache_tokens: int = 1 << 20
+    recent_cache_tokens: int = 1 << 16
+    synthetic_acceptance: tuple[float, ...] = flag(
+        (), "BENCHMARK ONLY, outputs are not the model's: keep draft position i with "
+            "probability RATE_i whatever the model says (one RATE r: r, r², ...; as vLLM's "
+            "synthetic rejection sampler); needs --speculative-method",
+        name="--spec-benchmark-synthetic-acceptance", parse=rates, metavar="RATE[,RATE...]")
+
+    def __post_init__(self) -> None:
+        if self.method is not None and self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS} or "
+                             f"None, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 64:
+            raise ValueError("num_speculative_tokens must be in [1, 64]")
+        if not 2 <= self.min_match_tokens <= self.max_match_tokens:
+            raise ValueError("need 2 <= min_match_tokens <= max_match_tokens")
+        if self.max_spec_factor <= 0:
+            raise ValueError("max_spec_factor must be > 0")
+        if self.session_cache_tokens < 0 or self.recent_cache_tokens < 0:
+            raise ValueError("session_cache_tokens and recent_cache_tokens must be ≥ 0")
+        object.__setattr__(self, "synthetic_acceptance", tuple(self.synthetic_acceptance))
+        if self.synthetic_acceptance:
+            if self.method is None:
+                raise ValueError("synthetic_acceptance needs a speculative method")
+            rates = self.synthetic_acceptance
+            if not all(0.0 <= r <= 1.0 for r in rates) or any(
+                    b > a for a, b in zip(rates, rates[1:])):
+                raise ValueError("synthetic_acceptance: rates in [0, 1], non-increasing")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+    def acceptance_rates(self) -> tuple[float, ...]:
+        """synthetic_acceptance per draft position, num_speculative_tokens long (P(position
+        i accepted), unconditional as vLLM's per-position acceptance)."""
+        r = self.synthetic_acceptance
+        if len(r) == 1:
+            return tuple(r[0] ** (i + 1) for i in range(self.num_speculative_tokens))
+        return tuple(r[i] if i < len(r) else 0.0 for i in range(self.num_speculative_tokens))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine (one worker) needs.
@@ -209,6 +290,7 @@ class EngineConfig:
     device: where weights, the KV pool, the step's index tensors and sampling live: "cpu"
     (torch / native kernels) or "cuda" / "cuda:N" (Triton kernels). The KV tiers and the
     transfer transports are exercised on "cpu" only.
+    speculative: speculative decoding (off unless its method is set).
     """
 
     model: str = flag("smollm2-135m", "registered name or Hugging Face model folder")
@@ -221,6 +303,7 @@ class EngineConfig:
     device: str = flag("cpu", "where the model runs: cpu, cuda or cuda:N")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

@@ -129,7 +129,7 @@ def argparse_kwargs(s: FlagSpec) -> dict[str, Any]:
     if tp is bool:
         kw["action"] = argparse.BooleanOptionalAction
         return kw
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) is tuple and meta.parse is None:
         kw.update(action="append", default=None)
     else:
         kw["type"] = meta.parse or (tp if tp in (int, float, str) else None)
@@ -160,7 +160,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type,
 def _value(s: FlagSpec, ns: argparse.Namespace) -> Any:
     value = getattr(ns, s.dest, s.default)  # a flag the parser skipped keeps its default
     tp = _optional(s.type)
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) is tuple and s.flag.parse is None:
         return _split_values(value) if value is not None else s.default
     if isinstance(tp, type) and issubclass(tp, enum.Enum) and value is not None:
         return tp(value)

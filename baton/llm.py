@@ -5,7 +5,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+from baton.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from baton.engine.llm_engine import LLMEngine
 from baton.outputs import CompletionOutput, RequestOutput
 from baton.sampling_params import SamplingParams
@@ -27,10 +27,13 @@ class LLM:
     kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes, kv_store_url, ...) or
     SchedulerConfig
     (max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, max_bypass_s).
+    speculative_config: a SpeculativeConfig, or a dict of its fields (vLLM's
+    `speculative_config={"method": "suffix", "num_speculative_tokens": 8}`); default off.
     Raises TypeError for an unknown keyword, ValueError for bad values.
     """
 
-    def __init__(self, model: str = "smollm2-135m", dtype: str = "auto", **kwargs) -> None:
+    def __init__(self, model: str = "smollm2-135m", dtype: str = "auto",
+                 speculative_config: SpeculativeConfig | dict | None = None, **kwargs) -> None:
         cache_keys = CacheConfig.__dataclass_fields__.keys()
         sched_keys = SchedulerConfig.__dataclass_fields__.keys()
         engine_keys = {"max_model_len", "seed", "device"}
@@ -39,9 +42,12 @@ class LLM:
             raise TypeError(f"unknown LLM arguments: {sorted(unknown)}")
         cache = {"kv_pool_for_batch": True,  # a pool for max_num_seqs requests, no more
                  **{k: v for k, v in kwargs.items() if k in cache_keys}}
+        if isinstance(speculative_config, dict):
+            speculative_config = SpeculativeConfig(**speculative_config)
         config = EngineConfig(
             model=model, dtype=dtype, cache=CacheConfig(**cache),
             scheduler=SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_keys}),
+            speculative=speculative_config or SpeculativeConfig(),
             **{k: v for k, v in kwargs.items() if k in engine_keys},
         )
         self.engine = LLMEngine(config)

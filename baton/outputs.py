@@ -19,7 +19,8 @@ class TokenLogprob:
 class StepOutput:
     """One request's progress in one engine step (a streaming delta).
 
-    new_token_ids: tokens sampled this step (0 or 1 per step today); text_delta: text now safe
+    new_token_ids: tokens sampled this step (0 or 1; more when a speculative row kept
+    drafted tokens: baton/engine/spec/); text_delta: text now safe
     to stream; finish_reason: None while running, else "stop" | "length" | "abort" | "error";
     stop_reason: the stop string or stop token id that ended it, if any.
     cached_spans: where its num_cached_tokens came from in this engine, in prompt order
@@ -38,6 +39,22 @@ class StepOutput:
     num_cached_tokens: int
     error: str | None = None
     cached_spans: tuple = ()
+
+
+def merge_outputs(outs: list[StepOutput]) -> StepOutput:
+    """One request's consecutive outputs of one step (a speculative row's tokens) as one
+    delta: tokens, text and logprobs in order; every other field from the last."""
+    last = outs[-1]
+    if len(outs) == 1:
+        return last
+    return StepOutput(
+        request_id=last.request_id, new_token_ids=[t for o in outs for t in o.new_token_ids],
+        text_delta="".join(o.text_delta for o in outs),
+        logprobs=[lp for o in outs for lp in o.logprobs], finished=last.finished,
+        finish_reason=last.finish_reason, stop_reason=last.stop_reason,
+        num_prompt_tokens=last.num_prompt_tokens, num_output_tokens=last.num_output_tokens,
+        num_cached_tokens=last.num_cached_tokens, error=last.error,
+        cached_spans=last.cached_spans)
 
 
 @dataclass

@@ -24,15 +24,18 @@ class PagedAttentionPlan:
     Args (all CPU tensors):
         kv_cache_shape: (num_blocks, num_layers, 2, block_size, num_kv_heads, head_size).
         slot_mapping: [T] int64, slot of each new token (negative: skip, already cached).
-        num_decode_tokens: Td; rows [0, Td) of the step are single-token decodes.
-        decode_block_tables: [Td, max_blocks] int32 or None; decode_context_lens: [Td] int32
-            (tokens in cache including the new one, each >= 1).
+        num_decode_tokens: Td; rows [0, Td) of the step are decode rows' query tokens.
+        decode_block_tables: [Bd, max_blocks] int32 or None; decode_context_lens: [Bd] int32
+            (tokens in cache including the new ones, each >= the row's query tokens).
         prefill_block_tables: [S, max_blocks] int32 or None; prefill_query_start_loc: [S+1]
             int32 offsets into the prefill rows; prefill_seq_lens: [S] int32 (cache length
             including the new tokens, >= q_len).
 
     Block-table entries past a sequence's last needed block are never followed. Raises
     IndexError (at `write_kv`) for a slot past the cache.
+        decode_query_start_loc: [Bd+1] int32, or None when every decode row has one query
+            token (Bd = Td); a row with more (a speculative decode row) attends causally, as
+            `paged_decode_attention_ref` with its query_start_loc.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class PagedAttentionPlan:
         prefill_block_tables: torch.Tensor | None = None,
         prefill_query_start_loc: torch.Tensor | None = None,
         prefill_seq_lens: torch.Tensor | None = None,
+        decode_query_start_loc: torch.Tensor | None = None,
     ) -> None:
         _, num_layers, _, block_size, num_kv_heads, head_size = kv_cache_shape
         self.num_kv_heads, self.head_size = num_kv_heads, head_size
@@ -64,17 +68,20 @@ class PagedAttentionPlan:
 
         # decode: [L, 2·Bd·N] rows of each sequence's first N positions, N = longest context
         self.num_decode_tokens = num_decode_tokens
+        self._multi = None  # speculative rows: (Q, their tokens' places in [Bd·Q], allowed)
         if num_decode_tokens:
             lens = decode_context_lens.long()
             n = int(lens.max())
             pos = torch.arange(n)
             rows = self._table_rows(decode_block_tables, lens, pos)  # [Bd, N]
-            self._decode_shape = (2, num_decode_tokens, n, num_kv_heads, head_size)
+            self._decode_shape = (2, len(lens), n, num_kv_heads, head_size)
             self._decode_rows = (torch.stack([rows, rows + block_size]).flatten()[None]
                                  + layer_offsets).unbind()
             # keys past a sequence's length are masked; no mask when every length is N
             self._decode_mask = None
-            if bool((lens != n).any()):
+            if decode_query_start_loc is not None:
+                self._multi = _multi_token_rows(lens, decode_query_start_loc, pos)
+            elif bool((lens != n).any()):
                 self._decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
 
         # prefill: [L, 2·ΣN] rows of each sequence's whole context, sequences back to back
@@ -122,16 +129,27 @@ class PagedAttentionPlan:
 
     def decode_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
                          scale: float) -> torch.Tensor:
-        """query `[Bd, Hq, D]` → `[Bd, Hq, D]`; same math as `paged_decode_attention_ref`.
+        """query `[Td, Hq, D]` → `[Td, Hq, D]`; same math as `paged_decode_attention_ref`.
 
         The GQA group rides in SDPA's query-length dimension ([Bd, Hkv, group, D]), so K/V are
-        never repeated per query head."""
+        never repeated per query head; a speculative row's tokens ride there too (padded to
+        the longest row, [Bd, Hkv, group·Q, D], masked causally)."""
         k, v = kv_rows.index_select(0, self._decode_rows[layer]).view(
             self._decode_shape).transpose(2, 3).unbind()  # [Bd, Hkv, N, D] each
-        b, hq, d = query.shape
-        q = query.reshape(b, self.num_kv_heads, hq // self.num_kv_heads, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_mask, scale=scale)
-        return out.reshape(b, hq, d)
+        t, hq, d = query.shape
+        hkv, g = self.num_kv_heads, hq // self.num_kv_heads
+        if self._multi is None:
+            q = query.reshape(t, hkv, g, d)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_mask, scale=scale)
+            return out.reshape(t, hq, d)
+        nq, places, allowed = self._multi
+        b = k.shape[0]
+        padded = query.new_zeros(b * nq, hq, d).index_copy_(0, places, query)
+        q = padded.view(b, nq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * nq, d)
+        mask = allowed.repeat(1, g, 1)[:, None]  # [Bd, 1, g·Q, N]: rows (head, token)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = out.view(b, hkv, g, nq, d).permute(0, 3, 1, 2, 4).reshape(b * nq, hq, d)
+        return out.index_select(0, places)
 
     def prefill_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
                           scale: float) -> torch.Tensor:
@@ -149,3 +167,18 @@ class PagedAttentionPlan:
                 scale=scale, enable_gqa=True)
             out[q0:q1] = o[0].transpose(0, 1)
         return out
+
+
+def _multi_token_rows(lens: torch.Tensor, query_start_loc: torch.Tensor,
+                      pos: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(Q, places, allowed) of decode rows with q_len query tokens each: Q = the longest
+    q_len; places [Td] int64, each token's index in the rows padded to Q ([Bd·Q]); allowed
+    [Bd, Q, N] bool, token t of row b sees positions <= lens[b] - q_len[b] + t (a padding
+    token repeats the row's last, so no row of SDPA is all masked)."""
+    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    nq = int(q_lens.max())
+    tok = torch.arange(nq)
+    real = tok[None, :] < q_lens[:, None]  # [Bd, Q]
+    places = (torch.arange(len(q_lens))[:, None] * nq + tok[None, :])[real]
+    last = lens[:, None] - q_lens[:, None] + torch.minimum(tok[None, :], q_lens[:, None] - 1)
+    return nq, places, pos[None, None, :] <= last[:, :, None]

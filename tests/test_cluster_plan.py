@@ -32,7 +32,9 @@ EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--max-num-seqs", "12", "--schedule-policy", "fcfs",
               "--local-prefill-itl-budget-ms", "80", "--local-prefill-idle-budget-ms", "0",
               "--tool-call-parser", "mistral", "--served-model-name", "m", "--no-prefix-caching",
-              "--lease-seconds", "9", "--max-inflight", "7"]
+              "--lease-seconds", "9", "--max-inflight", "7",
+              "--speculative-method", "suffix", "--num-speculative-tokens", "5",
+              "--spec-benchmark-synthetic-acceptance", "0.9,0.5"]
 
 
 @pytest.mark.parametrize("argv", [[], ["--mode", "colocated"], EVERY_FLAG])
@@ -50,6 +52,10 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
         assert engine.scheduler.max_num_seqs == up.max_num_seqs
         assert engine.cache.kv_store_url == up.kv_store_url
         assert cfg.served_model_name == up.served_model_name
+        spec = engine.speculative
+        assert spec.method == up.speculative_method  # None: off unless asked
+        if up.speculative_method is not None:
+            assert (spec.num_speculative_tokens, spec.synthetic_acceptance) == (5, (0.9, 0.5))
     decode = decode_parse(decode_args(up))
     assert decode.min_remote_tokens == up.min_remote_tokens
     assert decode.local_prefill_itl_budget_ms == up.local_prefill_itl_budget_ms

@@ -50,3 +50,22 @@ def test_decode_observes_vllm_ttft_and_itl_beside_its_own():
     assert m.ttft.collect()[0].samples  # Baton's own histograms still there
     text = generate_latest(m.registry).decode()
     assert "baton_ttft_seconds_count 1.0" in text and "baton_itl_seconds_count 1.0" in text
+
+
+def test_spec_decode_counters_have_vllm_names_and_positions():
+    class SpecEngine:
+        def counts(self) -> EngineCounts:
+            return COUNTS._replace(spec_drafts=10, spec_draft_tokens=40, spec_accepted_tokens=17,
+                                   spec_accepted_per_pos=(9, 5, 3, 0))
+    m = DecodeMetrics("smollm2-135m")
+    m.watch(SpecEngine())
+    text = generate_latest(m.registry).decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name.startswith("vllm:spec_decode")]
+    flat = {s.name: s.value for s in samples if "position" not in s.labels}
+    assert flat == {"vllm:spec_decode_num_drafts_total": 10,
+                    "vllm:spec_decode_num_draft_tokens_total": 40,
+                    "vllm:spec_decode_num_accepted_tokens_total": 17}
+    per_pos = {s.labels["position"]: s.value for s in samples if "position" in s.labels}
+    assert per_pos == {"0": 9, "1": 5, "2": 3, "3": 0}
+    assert all(s.labels["model_name"] == "smollm2-135m" for s in samples)

@@ -19,6 +19,12 @@ stopped. Configurations and the reference each is compared with:
     admission       disaggregated, the gateway rejecting (429 + Retry-After)   vs disaggregated
                     requests predicted to miss the TTFT SLO (`--slo-ttft`, the same SLO
                     goodput is judged by): compare goodput under an overload burst
+    spec            colocated with speculative decoding (suffix drafts from    vs colocated
+                    the session and recent outputs, verified in the decode step)
+    spec-disaggregated  disaggregated, the decode worker speculating           vs disaggregated
+    spec-synthetic  BENCHMARK ONLY: spec with each draft position kept at     vs colocated
+                    0.7^i whatever the model says (outputs are not the model's; for
+                    synthetic prompts, e.g. AgentX, where real drafts rarely match)
     hf              plain transformers, one request at a time, on a short slice
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.

@@ -26,6 +26,14 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
                          extra_args=("--no-kv-pull", "--kv-store", "mooncake")), "disaggregated"),
     "no-pull": (ServerSpec("no-pull", mode=_D, routing="session",
                            extra_args=("--no-kv-pull",)), "disaggregated"),
+    "spec": (ServerSpec("spec", mode=_C, routing="session",
+                        extra_args=("--speculative-method", "suffix")), "colocated"),
+    "spec-disaggregated": (ServerSpec("spec-disaggregated", mode=_D, routing="session",
+                                      extra_args=("--speculative-method", "suffix")),
+                           "disaggregated"),
+    "spec-synthetic": (ServerSpec("spec-synthetic", mode=_C, routing="session", extra_args=(
+        "--speculative-method", "suffix",
+        "--spec-benchmark-synthetic-acceptance", "0.7")), "colocated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
 }
 ROUTING = ("session", "kv", "round-robin")

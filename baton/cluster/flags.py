@@ -132,6 +132,8 @@ def _cli_form(s: FlagSpec, value) -> list[str]:
         return [s.option if value else "--no-" + s.option[2:]]
     if isinstance(value, list):  # a repeatable flag
         return [x for v in value for x in (s.option, v)]
+    if isinstance(value, tuple):  # a comma-separated one (e.g. RATE,RATE)
+        return [s.option, ",".join(map(str, value))]
     return [s.option, "none" if value is None else str(value)]  # None came from "none"
 
 

@@ -133,6 +133,36 @@ class GrammarMatcher:
             return True
         return self._m.is_completed() and self._only_stop_allowed()
 
+    def valid_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many of `token_ids` (drafted tokens) the grammar accepts in order from here,
+        stopping before one that would end the output (ending it is left to the model). The
+        matcher is left as it was (xgrammar's rollback)."""
+        n = 0
+        for t in token_ids:
+            if not self._m.accept_token(t):
+                break
+            n += 1
+            if self._m.is_terminated() or self._m.is_completed():
+                self._m.rollback(1)
+                n -= 1
+                break
+        if n:
+            self._m.rollback(n)
+        return n
+
+    def fill_masks_along(self, token_ids: Sequence[int], bitmask: Tensor, first_row: int) -> None:
+        """bitmask[first_row + j] = the tokens allowed after token_ids[:j], j = 0 .. len
+        (token_ids: a `valid_prefix`); the matcher is left as it was."""
+        for j, t in enumerate(token_ids):
+            self._m.fill_next_token_bitmask(bitmask, first_row + j)
+            if not self._m.accept_token(t):
+                if j:
+                    self._m.rollback(j)
+                raise ValueError(f"drafted token {t} is not allowed by the request's grammar")
+        self._m.fill_next_token_bitmask(bitmask, first_row + len(token_ids))
+        if token_ids:
+            self._m.rollback(len(token_ids))
+
     def _only_stop_allowed(self) -> bool:
         mask = xgr.allocate_token_bitmask(1, self._vocab_size)
         self._m.fill_next_token_bitmask(mask, 0)
@@ -169,3 +199,22 @@ def apply_grammar_masks(logits: Tensor, grammars: Sequence[GrammarMatcher | None
     forbidden = ~unpack_bitmask(bitmask.to(logits.device), logits.shape[1])  # [R, V]
     out[index] = out[index].masked_fill_(forbidden, float("-inf"))
     return out
+
+
+class _RowMask:
+    """One precomputed mask row standing in for a matcher in `apply_grammar_masks`."""
+
+    def __init__(self, masks: Tensor, row: int) -> None:
+        self._masks, self._row = masks, row
+
+    def fill_mask(self, bitmask: Tensor, row: int) -> None:
+        bitmask[row].copy_(self._masks[self._row])
+
+
+def masks_along(matcher: GrammarMatcher, token_ids: Sequence[int],
+                vocab_size: int) -> list[_RowMask]:
+    """Stand-ins for `matcher` at each position of a speculative row (spec/verify.py): the
+    mask after j of `token_ids` (a `valid_prefix`) are accepted, j = 0 .. len(token_ids)."""
+    masks = xgr.allocate_token_bitmask(len(token_ids) + 1, vocab_size)
+    matcher.fill_masks_along(token_ids, masks, 0)
+    return [_RowMask(masks, j) for j in range(len(token_ids) + 1)]

@@ -280,6 +280,20 @@ class KVCacheManager:
             self.pool.cache(entry.blocks[i], hashes[i], token_ids[i * bs:(i + 1) * bs])
         entry.num_cached_blocks = num_full
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        """Release the request's blocks past the first `blocks_needed(num_tokens)`: they held
+        only slots of drafted tokens the verify step rejected (speculative decoding), never
+        hashed (a block is cached only once its tokens are accepted and computed), so the
+        prefix cache and the KV tiers never see them. Returns how many were released."""
+        entry = self.requests[request_id]
+        keep = self.blocks_needed(num_tokens)
+        extra = entry.blocks[keep:]
+        if extra:
+            assert entry.num_cached_blocks <= keep, "a trimmed block was cached"
+            entry.blocks = entry.blocks[:keep]
+            self.pool.release(list(reversed(extra)))
+        return len(extra)
+
     def detach(self, request_id: str, from_block: int) -> list[Block]:
         """Take the request's blocks from index `from_block` on out of its block table, still
         referenced: no one else gets them until `release_detached`. The request keeps the

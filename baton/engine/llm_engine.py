@@ -3,11 +3,14 @@
 A request's life inside `LLMEngine`:
 1. `add_request`: validate, resolve `max_tokens`, give a seeded request its generator and a
    structured one its grammar matcher (grammar.py; ValueError if it does not compile), queue.
-2. `step`: the scheduler picks decodes and prefill chunks under the token budget (prefix-cache
-   hits skip computed blocks); the ModelRunner runs one forward and samples the rows that
-   completed their known tokens.
+2. `step`: with speculative decoding, every decode row first gets drafted tokens
+   (spec/speculation.py); the scheduler picks decodes and prefill chunks under the token
+   budget (prefix-cache hits skip computed blocks); the ModelRunner runs one forward and
+   samples the rows that completed their known tokens (a decode row with drafts: each of its
+   positions, verified: spec/verify.py).
 3. Per sampled token: advance its grammar, append, cache newly full blocks, detokenize, check
-   the stop conditions (detokenizer.check_stop).
+   the stop conditions (detokenizer.check_stop); a verified row's tokens one by one, its
+   rejected drafts' blocks released (`_accept_verified`).
 4. Finished or aborted requests release their blocks at once unless the `finish_hook` keeps
    them. The roles' states (`remote_kv.RemoteKV`, `block_holds.BlockHolds`) use the methods
    marked "for role components"; status changes happen in the scheduler only.
@@ -31,14 +34,15 @@ from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
 from baton.engine.prefill_rate import PrefillRate
 from baton.engine.request import Request, RequestStatus, resolve_max_tokens
-from baton.engine.sampler import SamplerOutput, make_generator
+from baton.engine.sampler import SamplerOutput, logprob_lists, make_generator
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.scheduler import AdmissionError, Scheduler
+from baton.engine.spec.speculation import Speculation
 from baton.engine.stats import EngineCounts, EngineStats, counts_of, snapshot
 from baton.engine.tier_stack import tiers_for
 from baton.models.decoder import DecoderModel
 from baton.models.registry import resolve_model
-from baton.outputs import StepOutput, TokenLogprob
+from baton.outputs import StepOutput, TokenLogprob, merge_outputs
 from baton.sampling_params import SamplingParams
 from baton.session_hints import SessionHint
 
@@ -79,6 +83,10 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
         self.finish_hook: Callable[[Request, RequestStatus], bool] | None = None
+        self.spec = Speculation(config.speculative, self.max_model_len, config.seed) \
+            if config.speculative.enabled else None  # drafts and counts; None: off
+        if self.spec is not None:
+            self.runner.verifier = self.spec.verifier
         torch.manual_seed(config.seed)
 
     def _pool_blocks(self, per_block: int) -> int:
@@ -160,10 +168,15 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         self.requests[request_id] = _Tracked(req, detok)
         self.kv.bind_session(request_id, session)
+        if self.spec is not None:
+            self.spec.add(request_id, session)
         return req
 
     def end_session(self, session_id: str) -> int:
-        """End a session's retention (its free blocks first to evict). Returns how many."""
+        """End a session's retention (its free blocks first to evict) and its drafting
+        index. Returns how many blocks."""
+        if self.spec is not None:
+            self.spec.end_session(session_id)
         return self.kv.end_session(session_id)
 
     def restore_sessions(self) -> int:
@@ -200,6 +213,11 @@ class LLMEngine:
         return outs
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
+        if req.status is RequestStatus.RUNNING and self.kv.num_request_blocks(req.request_id):
+            # a verified row may end it mid-row: its accepted tokens' full blocks stay cached
+            self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+        if self.spec is not None:
+            self.spec.finish(req)
         keep = self.finish_hook is not None and self.finish_hook(req, status)
         self.scheduler.finish(req, status, free=not keep)
 
@@ -219,6 +237,8 @@ class LLMEngine:
         that request with an error; the others go on. Anything else raises (the caller then
         fails the running batch: `fail_running`)."""
         started = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         try:
             scheduled, _ = self.scheduler.schedule()
         except AdmissionError as e:
@@ -234,6 +254,8 @@ class LLMEngine:
             req = s.request
             if req.num_tokens - req.num_computed_tokens > 1:  # a prefill row (a preempted
                 prompt_tokens += s.num_new_tokens             # one's recompute included)
+            if s.spec_token_ids:
+                continue  # a verified row: advanced by its accepted tokens (_accept_verified)
             req.num_computed_tokens += s.num_new_tokens
             self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
         outputs = self._process_samples(rows, sampled) if sampled is not None else []
@@ -244,26 +266,44 @@ class LLMEngine:
                          sampled: SamplerOutput) -> list[StepOutput]:
         outputs = []
         token_ids = sampled.token_ids.tolist()
-        chosen_lp = sampled.logprobs.tolist()
-        top = sampled.top_logprobs
-        top_ids = top[0].tolist() if top is not None else None
-        top_vals = top[1].tolist() if top is not None else None
-        ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
-        for i, row in enumerate(rows):
-            rid, token = row.request.request_id, token_ids[i]
-            lps = []
-            k = row.request.sampling_params.logprobs
-            if k is not None:
-                lps = [TokenLogprob(token, chosen_lp[i],
-                                    dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {},
-                                    ranks[i])]
+        lengths = sampled.row_lengths or (1,) * len(rows)
+        lps = logprob_lists(sampled, [r.request.sampling_params.logprobs for r in rows], lengths)
+        at = 0
+        for row, n in zip(rows, lengths):
+            rid = row.request.request_id
             try:
-                outputs.append(self.accept_token(rid, token, lps))
+                if row.spec_token_ids:
+                    outputs.append(self._accept_verified(row, token_ids[at:at + n],
+                                                         lps[at:at + n]))
+                else:
+                    outputs.append(self.accept_token(rid, token_ids[at], lps[at]))
             except Exception as e:  # noqa: BLE001 - its stop check or text: it alone ends
                 logger.exception("processing a token of %s failed", rid)
                 out = self.end_request(rid, RequestStatus.FINISHED_ERROR, repr(e))
                 outputs.extend([out] if out is not None else [])
+            at += n
         return outputs
+
+    def _accept_verified(self, row: ScheduledRequest, tokens: list[int],
+                         lps: list[list[TokenLogprob]]) -> StepOutput:
+        """A speculative row's output tokens (1 + its accepted drafts: spec/verify.py): each
+        accepted draft's KV was computed in this step, so num_computed_tokens stays one
+        behind the token list as in a plain step; blocks past the accepted tokens (rejected
+        drafts' slots) are released uncached (`KVCacheManager.trim`)."""
+        req = row.request
+        rid = req.request_id
+        self.spec.observe(rid, len(row.spec_token_ids), len(tokens) - 1,
+                          self.scheduler.totals)
+        req.num_computed_tokens += 1  # the row's known token
+        outs = []
+        for j, token in enumerate(tokens):
+            req.num_computed_tokens += j > 0  # the draft just accepted as token j - 1
+            outs.append(self.accept_token(rid, token, lps[j]))
+            if outs[-1].finished:
+                return merge_outputs(outs)
+        self.kv.cache_blocks(rid, req.all_token_ids, req.num_computed_tokens)
+        self.kv.trim(rid, req.num_tokens)
+        return merge_outputs(outs)
 
     def accept_token(self, request_id: str, token: int,
                      lps: list[TokenLogprob]) -> StepOutput:
@@ -292,3 +332,4 @@ class LLMEngine:
             stop_reason=req.stop_reason, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
             num_cached_tokens=max(0, req.num_cached_tokens), cached_spans=req.cached_spans)
+

@@ -1,12 +1,14 @@
 """Turns a scheduled batch into tensors, runs the model over the paged KV cache, samples.
 
-Row order inside a step: single-token decodes first, then prefill chunks, so decode rows use
-the batched paged-decode kernel and prefill rows the variable-length prefix kernel.
+Row order inside a step: decode rows first (one known token, plus its drafted tokens when
+speculating: baton/engine/spec/), then prefill chunks, so decode rows use the batched
+paged-decode kernel and prefill rows the variable-length prefix kernel.
 
-    scheduled: [A: decode 1 tok] [B: decode 1 tok] [C: prefill 5 tok] [D: chunk 3 tok]
-    input_ids:   a                b                 c0 c1 c2 c3 c4      d0 d1 d2
-    slot_mapping: slot(A, pos)    slot(B, pos)      slot(C, 0..4)       slot(D, n..n+2)
-    logits rows:  A, B, C (last token), D only if its chunk completes the prompt
+    scheduled: [A: decode 1 tok] [B: decode 1 + 2 drafts] [C: prefill 5 tok] [D: chunk 3 tok]
+    input_ids:   a                b  b1 b2                 c0 c1 c2 c3 c4      d0 d1 d2
+    slot_mapping: slot(A, pos)    slot(B, n..n+2)          slot(C, 0..4)       slot(D, n..n+2)
+    logits rows:  A, B ×3 (every position: verified), C (last token), D only if its chunk
+                  completes the prompt
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from baton.models.decoder import AttentionMetadata, DecoderModel
 from baton.engine.penalties import needs_token_history
 from baton.engine.sampler import Sampler, SamplerOutput
 from baton.engine.sched_output import ScheduledRequest
+from baton.engine.spec.verify import Verifier, VerifyRow
 
 
 class ModelRunner:
@@ -33,6 +36,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(num_blocks, s.num_layers, 2, block_size, s.num_kv_heads,
                                     s.head_size, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
+        self.verifier = Verifier()  # steps with speculative rows (the engine may replace it)
 
     @staticmethod
     def bytes_per_block(model: DecoderModel, block_size: int) -> int:
@@ -43,48 +47,65 @@ class ModelRunner:
     @torch.inference_mode()  # no autograd bookkeeping on any op of the step
     def execute(self, batch: list[ScheduledRequest]) -> tuple[list[ScheduledRequest],
                                                               SamplerOutput | None]:
-        """Run one step. Returns the rows that sampled (in output order) and their samples."""
-        batch = sorted(batch, key=lambda s: s.num_new_tokens != 1 or not s.completes_prompt)
+        """Run one step. Returns the rows that sampled (in output order) and their samples
+        (with `row_lengths` when some row verified drafts: spec/verify.py)."""
+        batch = sorted(batch, key=lambda s: not _is_decode(s))
         input_ids, positions, meta = self._prepare(batch)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
         ends = torch.tensor([s.num_new_tokens for s in batch]).cumsum(0) - 1
         sampling = [i for i, s in enumerate(batch) if s.completes_prompt]
         if not sampling:
             return [], None
-        logits = self.model.compute_logits(hidden[self._to_device(ends[sampling])])
         rows = [batch[i] for i in sampling]
         params = [r.request.sampling_params for r in rows]
         history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
             if needs_token_history(params) else None
         grammars = [r.request.grammar for r in rows]
-        out = self.sampler(logits, params, [r.request.generator for r in rows], history,
-                           grammars if any(g is not None for g in grammars) else None)
-        return rows, out
+        if not any(r.spec_token_ids for r in rows):
+            logits = self.model.compute_logits(hidden[self._to_device(ends[sampling])])
+            out = self.sampler(logits, params, [r.request.generator for r in rows], history,
+                               grammars if any(g is not None for g in grammars) else None)
+            return rows, out
+        places = [p for i in sampling for p in range(
+            int(ends[i]) - len(batch[i].spec_token_ids), int(ends[i]) + 1)]
+        logits = self.model.compute_logits(hidden[self._to_device(torch.tensor(places))])
+        return rows, self.verifier(logits, [
+            VerifyRow(p, r.request.generator, history[j] if history else None, g,
+                      r.spec_token_ids)
+            for j, (r, p, g) in enumerate(zip(rows, params, grammars))])
 
     def _prepare(self, batch: list[ScheduledRequest]):
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        num_decode = 0
+        num_decode = num_decode_rows = 0
         for s in batch:
             r, start = s.request, s.request.num_computed_tokens
             end = start + s.num_new_tokens
-            ids.extend(r.all_token_ids[start:end])
+            ids.extend(r.all_token_ids[start:end - len(s.spec_token_ids)])
+            ids.extend(s.spec_token_ids)
             p = range(start, end)
             pos.extend(p)
             table = s.block_table
             slots.extend(table[i // bs] * bs + i % bs for i in p)
-            if s.num_new_tokens == 1 and s.completes_prompt and num_decode == len(ids) - 1:
-                num_decode += 1
+            if _is_decode(s) and num_decode == len(ids) - s.num_new_tokens:
+                num_decode += s.num_new_tokens
+                num_decode_rows += 1
         dev = self._to_device
         meta = AttentionMetadata(slot_mapping=dev(torch.tensor(slots, dtype=torch.int64)),
                                  num_decode_tokens=num_decode)
-        dec, pre = batch[:num_decode], batch[num_decode:]
+        dec, pre = batch[:num_decode_rows], batch[num_decode_rows:]
         if dec:
             meta.decode_block_tables = dev(_pad_tables([s.block_table for s in dec]))
             meta.decode_context_lens = dev(torch.tensor(
-                [s.request.num_computed_tokens + 1 for s in dec], dtype=torch.int32))
+                [s.request.num_computed_tokens + s.num_new_tokens for s in dec],
+                dtype=torch.int32))
+            if num_decode > len(dec):  # some row carries drafts: causal within each row
+                q_lens = torch.tensor([s.num_new_tokens for s in dec], dtype=torch.int32)
+                meta.decode_query_start_loc = dev(torch.nn.functional.pad(
+                    q_lens.cumsum(0), (1, 0)).to(torch.int32))
+                meta.decode_max_query_len = int(q_lens.max())
         if pre:
             meta.prefill_block_tables = dev(_pad_tables([s.block_table for s in pre]))
             q_lens = torch.tensor([s.num_new_tokens for s in pre], dtype=torch.int32)
@@ -99,6 +120,11 @@ class ModelRunner:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the runner's device (itself on CPU, so that path is unchanged)."""
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+
+def _is_decode(s: ScheduledRequest) -> bool:
+    """A decode row: one known token left (plus any drafts)."""
+    return s.request.num_tokens - s.request.num_computed_tokens == 1
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

@@ -21,87 +21,46 @@ Bounds, so nothing starves and nothing stalls:
   filling every step with all of them (a step of four 512-token chunks takes ~5 s on one
   core here, and every short turn would wait for it);
 - decode rows (one token left) never count and are never paused;
-- paused requests resume in the same step while its prefill stays under the target (the head
-  they yielded to was short, or could not be admitted): a paused request never waits on a
-  head that does not run, and no step is left without prefill for it.
+- the scheduler visits running partial prefills and waiting requests in one pass in policy
+  order, so one that yields to a shorter request still runs in the same step while the step's
+  prefill stays under the target (the shorter one was short, or could not be admitted): it
+  never waits on a request that does not run, and no step is left without prefill for it.
 """
 from __future__ import annotations
 
 from baton.config import SchedulerConfig
 from baton.engine.request import Request
-from baton.engine.schedule_policy import aged, order_key
+from baton.engine.schedule_policy import aged
 
 
-class StepPrefill:
-    """Counts one step's prefill tokens against the target and decides what waits.
+class PrefillStep:
+    """One step's prefill rows counted against the target, and the rules that follow from
+    them, for the candidates the scheduler visits in policy order (one `schedule()` pass).
 
     Args:
-        config: the scheduler's config (prefill_target_tokens 0: nothing is ever paused).
+        config: the scheduler's config (prefill_target_tokens 0: every rule says go).
         now: monotonic seconds of this step.
-        head_key: `order_key` of the waiting queue's head under shortest_first, else None.
-        running: the running requests (under shortest_first their partial prefills compete
-            with the head: the one with the lowest `order_key` goes first).
     """
 
-    def __init__(self, config: SchedulerConfig, now: float, head_key: tuple | None,
-                 running: list[Request]) -> None:
+    def __init__(self, config: SchedulerConfig, now: float) -> None:
         self.config, self.now = config, now
         self.target = config.prefill_target_tokens
-        self.tokens = 0  # prefill tokens scheduled that count toward the target
-        self.rows = 0  # prefill rows scheduled, counted or not
+        self.tokens = 0  # prefill tokens planned that count toward the target
         self.aged_rows = 0  # prefill rows of requests older than max_prefill_wait_s
         self.completing = 0  # counted prefill rows that compute their prompt's last token
-        self.paused: list[Request] = []
-        self.first = None  # the lowest key of every candidate: it is not paused for order
-        if self.target and config.policy == "shortest_first":
-            keys = [self._key(r) for r in running if self._counts(r, r.num_computed_tokens)]
-            self.first = min(keys + ([head_key] if head_key is not None else []), default=None)
 
     def _counts(self, req: Request, num_computed: int) -> bool:
         """A prefill row (more than one token left) younger than max_prefill_wait_s."""
         return req.num_tokens - num_computed > 1 and not aged(req, self.now, self.config)
 
-    def _key(self, req: Request) -> tuple:
-        return order_key(req, self.now, self.config,
-                         lambda: req.num_tokens - req.num_computed_tokens)
-
-    def pause(self, req: Request) -> bool:
-        """True when running `req` (a partial prefill) sits this step out (recorded in
-        `paused`): the target is reached, or a request with a lower key (the waiting head
-        or another running prefill) goes first."""
-        if not self.target or req.num_tokens - req.num_computed_tokens <= 1:
+    def sits_out(self, req: Request) -> bool:
+        """True when `req` starts no row this step whatever its size: an old request once the
+        step holds an old row, a young one once the target is reached."""
+        if not self.target:
             return False
         if aged(req, self.now, self.config):
-            hold = self.aged_rows > 0
-        else:
-            hold = self.tokens >= self.target or (
-                self.first is not None and self.first < self._key(req))
-        if hold:
-            self.paused.append(req)
-            return True
-        return False
-
-    ADMIT, SKIP, STOP = "admit", "skip", "stop"
-
-    def verdict(self, head: Request) -> str:
-        """For admitting waiting `head`: ADMIT; SKIP (an old prompt while this step already
-        runs one: it keeps its place, younger ones behind it may still start); STOP (the
-        target is reached: nothing more starts this step)."""
-        if not self.target:
-            return self.ADMIT
-        if aged(head, self.now, self.config):
-            return self.SKIP if self.aged_rows > 0 else self.ADMIT
-        return self.STOP if self.tokens >= self.target else self.ADMIT
-
-    def may_resume(self, req: Request) -> bool:
-        """True when paused `req` may still run this step: the step has no prefill row at
-        all, or (req old) no old row yet, or (req young) its counted tokens are below the
-        target."""
-        if not self.rows:
-            return True
-        if aged(req, self.now, self.config):
-            return self.aged_rows == 0
-        return self.tokens < self.target
+            return self.aged_rows > 0
+        return self.tokens >= self.target
 
     def cap(self, req: Request, num_computed: int, n: int) -> int:
         """`n` tokens of a row cut to what is left of the target once the step holds prefill
@@ -120,9 +79,8 @@ class StepPrefill:
                     and num_computed + n < req.num_tokens)
 
     def add(self, req: Request, num_computed: int, n: int) -> None:
-        """Record a scheduled row of `n` tokens from `num_computed` on."""
+        """Record a planned row of `n` tokens from `num_computed` on."""
         if req.num_tokens - num_computed > 1:
-            self.rows += 1
             if self._counts(req, num_computed):
                 self.tokens += n
                 self.completing += num_computed + n >= req.num_tokens

@@ -78,6 +78,7 @@ class Request:
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     grammar: GrammarMatcher | None = None  # a structured output's matcher, advanced per token
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts for its next decode row
     all_token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:

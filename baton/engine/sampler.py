@@ -24,6 +24,7 @@ from torch import Tensor
 
 from baton.engine.grammar import GrammarMatcher, apply_grammar_masks
 from baton.engine.penalties import apply_logit_processing
+from baton.outputs import TokenLogprob
 from baton.sampling_params import SamplingParams
 
 
@@ -35,12 +36,16 @@ class SamplerOutput(NamedTuple):
     `logprobs` asked for in the batch; a row that asked for fewer uses its first columns.
     ranks: None when no row asked for logprobs, else [B] int64: 1 + the number of tokens
     whose raw logit is strictly above the sampled token's (1 = the most likely token).
+    row_lengths: None when each row sampled one token; else the tokens each row sampled
+    (speculative rows: 1 + its accepted drafts; spec/verify.py), the fields above holding
+    sum(row_lengths) entries, row by row.
     """
 
     token_ids: Tensor
     logprobs: Tensor
     top_logprobs: tuple[Tensor, Tensor] | None
     ranks: Tensor | None = None
+    row_lengths: tuple[int, ...] | None = None
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -69,22 +74,28 @@ class Sampler:
         greedy = [p.is_greedy for p in params]
         token_ids = processed.argmax(dim=-1)
         if not all(greedy):
-            sampled = _sample(processed, params, generators, greedy)
+            probs = sampling_probs(processed, params, greedy)
+            sampled = probs.div_(_exponentials(probs, generators, greedy)).argmax(dim=-1)
             mask = torch.tensor(greedy, device=logits.device)
             token_ids = torch.where(mask, token_ids, sampled)
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [B, 1]
-        logprobs = (logits.gather(1, token_ids[:, None]) - lse).squeeze(1)
-        top = _top_logprobs(logits, lse, params)
-        ranks = None
-        if top is not None:
-            chosen = logits.gather(1, token_ids[:, None])
-            ranks = (logits > chosen).sum(dim=-1) + 1
-        return SamplerOutput(token_ids, logprobs, top, ranks)
+        return token_logprobs(logits, token_ids, params)
 
 
-def _sample(logits: Tensor, params: list[SamplingParams],
-            generators: list[torch.Generator | None], greedy: list[bool]) -> Tensor:
-    """[B] int64 samples for every row (greedy rows' values are discarded by the caller)."""
+def token_logprobs(logits: Tensor, token_ids: Tensor, params: list[SamplingParams],
+                   row_lengths: tuple[int, ...] | None = None) -> SamplerOutput:
+    """The SamplerOutput of chosen `token_ids` [N] under raw `logits` [N, V] (row i's
+    `params[i]`): logprobs, and top logprobs and ranks if a row asked for logprobs."""
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
+    chosen = logits.gather(1, token_ids[:, None])
+    logprobs = (chosen - lse).squeeze(1)
+    top = _top_logprobs(logits, lse, params)
+    ranks = (logits > chosen).sum(dim=-1) + 1 if top is not None else None
+    return SamplerOutput(token_ids, logprobs, top, ranks, row_lengths)
+
+
+def sampling_probs(logits: Tensor, params: list[SamplingParams], greedy: list[bool]) -> Tensor:
+    """[B, V] float32 probabilities each row samples from (temperature, top-k, top-p, min-p
+    applied to processed `logits`); greedy rows' values are meaningless (never drawn)."""
     device, vocab = logits.device, logits.shape[1]
     temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
                          dtype=torch.float32, device=device)
@@ -100,14 +111,14 @@ def _sample(logits: Tensor, params: list[SamplingParams],
         min_p = torch.tensor([0.0 if g else p.min_p for p, g in zip(params, greedy)],
                              dtype=torch.float32, device=device)
         scaled = apply_min_p(scaled, min_p)
-    probs = scaled.softmax(dim=-1)
-    q = _exponentials(probs, generators, greedy)
-    return probs.div_(q).argmax(dim=-1)
+    return scaled.softmax(dim=-1)
 
 
-def _seeded_draw(generator: torch.Generator, vocab_size: int) -> Tensor:
-    """[V] float32 Exp(1): the one draw a seeded, non-greedy row takes per sampled token."""
-    return torch.empty(vocab_size, device=generator.device).exponential_(generator=generator)
+def seeded_draw(generator: torch.Generator, vocab_size: int) -> Tensor:
+    """[V] float32 Exp(1): the one draw a seeded, non-greedy row takes per sampled token
+    (verified positions included: spec/verify.py), clamped as `_exponentials` does."""
+    q = torch.empty(vocab_size, device=generator.device).exponential_(generator=generator)
+    return q.clamp_min_(torch.finfo(q.dtype).tiny)
 
 
 def skip_draw(generator: torch.Generator, vocab_size: int) -> None:
@@ -115,7 +126,7 @@ def skip_draw(generator: torch.Generator, vocab_size: int) -> None:
     here would have: the decode side of a remote prefill calls this for the first token,
     which the prefill worker drew from its own copy of the seed, so later tokens match a
     colocated run."""
-    _seeded_draw(generator, vocab_size)
+    seeded_draw(generator, vocab_size)
 
 
 def _exponentials(probs: Tensor, generators: list[torch.Generator | None],
@@ -128,7 +139,7 @@ def _exponentials(probs: Tensor, generators: list[torch.Generator | None],
         q = torch.ones_like(probs)
     for i, (g, gr) in enumerate(zip(generators, greedy)):
         if g is not None and not gr:  # drawn on the generator's own device, then moved
-            q[i] = _seeded_draw(g, probs.shape[1])
+            q[i] = seeded_draw(g, probs.shape[1])
     # Exp(1) can round to 0.0; 0/0 would be NaN, which argmax treats as the maximum and
     # could pick a filtered-out token.
     return q.clamp_min_(torch.finfo(q.dtype).tiny)
@@ -173,3 +184,24 @@ def _top_logprobs(logits: Tensor, lse: Tensor,
     k = min(max(asked), logits.shape[1])
     values, ids = logits.topk(k, dim=-1, sorted=True)  # log_softmax is monotone in logits
     return ids, values - lse
+
+
+def logprob_lists(sampled: SamplerOutput, asked: list[int | None],
+              lengths: tuple[int, ...]) -> list[list[TokenLogprob]]:
+    """Per sampled token (row by row, `lengths[i]` for row i) its TokenLogprob list as a
+    StepOutput carries it: [] for a row that asked for none (`asked[i]` None), else the
+    chosen token's logprob and rank with the row's top `asked[i]`."""
+    top = sampled.top_logprobs
+    if top is None:
+        return [[] for _ in range(sum(lengths))]
+    token_ids, chosen = sampled.token_ids.tolist(), sampled.logprobs.tolist()
+    top_ids, top_vals = top[0].tolist(), top[1].tolist()
+    ranks = sampled.ranks.tolist()
+    out, i = [], 0
+    for k, n in zip(asked, lengths):
+        for _ in range(n):
+            out.append([] if k is None else [TokenLogprob(
+                token_ids[i], chosen[i], dict(zip(top_ids[i][:k], top_vals[i][:k])) if k else {},
+                ranks[i])])
+            i += 1
+    return out

@@ -58,26 +58,31 @@ class WaitingOrder:
         self.config, self.kv = config, kv
         self._hit_blocks: dict[str, int] = {}  # waiting request → estimated hit (last order)
 
-    def sort(self, waiting: deque[Request], now: float, head_key: bool) -> tuple | None:
-        """Sort `waiting` in place; with `head_key`, return the head's `order_key` under
-        shortest_first (None under fcfs, without head_key, or when nothing waits)."""
-        if self.config.policy != "shortest_first" or not waiting:
+    def sort(self, waiting: deque[Request], now: float,
+             keep_estimates: bool = False) -> Callable[[Request], tuple] | None:
+        """Sort `waiting` in place; return shortest_first's key at `now` for any request
+        (a running one's uncached tokens are those it has left; None under fcfs). Estimates
+        made by the key after this call are kept for the next step's order too when
+        `keep_estimates` (the caller merges running requests in by key)."""
+        if self.config.policy != "shortest_first":
             return None
         bs, old, hits = self.kv.block_size, self._hit_blocks, {}
 
         def uncached(r: Request) -> int:
+            if r.status is RequestStatus.RUNNING:
+                return r.num_tokens - r.num_computed_tokens
             if r.request_id not in hits:
                 hits[r.request_id] = self.kv.estimate_hit_blocks(
                     r.request_id, r.all_token_ids, old.get(r.request_id, 0))
             return r.num_tokens - hits[r.request_id] * bs
 
+        def key(r: Request) -> tuple:
+            return order_key(r, now, self.config, lambda: uncached(r))
+
         if len(waiting) > 1:
             order = shortest_first(waiting, now, self.config, uncached)
             waiting.clear()
             waiting.extend(order)
-        key = None
-        if head_key:
-            key = order_key(waiting[0], now, self.config, lambda: uncached(waiting[0]))
-        if hits:
+        if hits or keep_estimates:
             self._hit_blocks = hits
         return key

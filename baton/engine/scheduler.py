@@ -1,8 +1,11 @@
-"""Continuous batching with chunked prefill and preemption by recompute.
+"""Continuous batching with chunked prefill, preemption and speculative decode rows.
 
 There is no prefill phase or decode phase: every step each request asks for the tokens it
-still lacks KV for (`num_tokens - num_computed_tokens`: 1 for a decode, a chunk for a prompt),
-under a per-step token budget. Design after vLLM v1's scheduler and nano-vllm's.
+still lacks KV for (`num_tokens - num_computed_tokens`: 1 for a decode, plus its drafted
+tokens with speculative decoding; a chunk for a prompt), under a per-step token budget.
+Design after vLLM v1's scheduler and nano-vllm's; one pass per step (`schedule`) as
+mini-sglang's prefill adder: decode rows first, then one loop over the prefill candidates
+in one order, nothing planned taken back.
 
 Every status change of a request happens here (`RequestStatus` in request.py):
 
@@ -16,24 +19,29 @@ WAITING_FOR_REMOTE_KVS back itself once its connector reports the KV received.
 
 Admission order (`SchedulerConfig.policy`): "fcfs" takes the waiting queue as it stands
 (preempted first); "shortest_first" sorts it first (`shortest_first`), so a continuing turn
-is not queued behind a cold 20 s prompt (schedule_policy.py). The admission rules then run unchanged over that
-order: whole-prompt fit, passing for at most max_bypass_s, in-flight prefix deferral, chunk cap.
+is not queued behind a cold 20 s prompt (schedule_policy.py); under a prefill target the
+running partial prefills are merged into that order. The admission rules then run
+unchanged over it: whole-prompt fit, passing for at most max_bypass_s, in-flight prefix
+deferral, chunk cap.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from baton.config import SchedulerConfig
 from baton.engine.kv_cache import Block, KVCacheManager
+from baton.engine.inflight_prefix import InflightPrefixes
 from baton.engine.kv_source import take
 from baton.engine.sched_output import ScheduledRequest, SchedulerOutput
 from baton.engine.request import Request, RequestStatus
-from baton.engine.prefill_target import StepPrefill
+from baton.engine.prefill_target import PrefillStep
 from baton.engine.schedule_policy import WaitingOrder
 from baton.engine.stats import Totals
-from baton.engine.time_slice import slice_victims
+from baton.engine.time_slice import victims_for_waiting
 
 
 class AdmissionError(Exception):
@@ -45,6 +53,22 @@ class AdmissionError(Exception):
         self.request = request
 
 
+@dataclass
+class _Plan:
+    """One step's decisions as `schedule()` makes them (never taken back): rows, requests
+    preempted, the token budget left, and the blocks running prompts still need (`reserved`,
+    summed at the first admission attempt, then kept current)."""
+
+    budget: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    reserved: int | None = None
+
+    def add(self, row: ScheduledRequest) -> None:
+        self.scheduled.append(row)
+        self.budget -= row.num_new_tokens
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; asks the KVCacheManager for blocks."""
 
@@ -54,7 +78,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.remote_waits: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KV, blocks held
-        self._pending: set[int] | None = None  # block hashes this step computes (lazy)
+        self._inflight = InflightPrefixes(kv)  # block hashes this step computes
         self._order = WaitingOrder(config, kv)  # the policy's order, hit estimates kept
         self.totals = Totals()  # preemptions and prefix-cache queries counted here
 
@@ -89,56 +113,154 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's work.
+        """Pick this step's work in one pass; no planned row is ever taken back.
 
-        Invariant: each scheduled request's block table covers
-        num_computed_tokens + num_new_tokens tokens; the new tokens sum to at most
-        max_num_batched_tokens; at most max_num_seqs requests run. Running requests go
-        first (in admission order); if blocks run out the most recently admitted running
-        request is preempted (its blocks freed, its tokens recomputed later). Waiting requests
-        are admitted only in steps without preemption, in policy order (`WaitingOrder`),
-        and only when their whole prompt fits beside what the running ones still need
-        (`_fits_whole_prompt`). With prefill_target_tokens, prefill rows stop at the target
-        and a running partial prefill may sit the step out for a shorter waiting request
-        or for a row that completes its prefill (`StepPrefill`); paused ones resume when the
-        step's prefill stays under the target.
+        Invariant: each planned request's block table covers num_computed_tokens +
+        num_new_tokens tokens; the new tokens (drafted ones included) sum to at most
+        max_num_batched_tokens; at most max_num_seqs requests run.
+        1. Time slice (with a KV tier): the first waiting request (policy order) blocked for
+           time_slice_s preempts long-running decodes now (`_slice`); they sit this step out.
+        2. Decode rows (one token left, plus its drafts: spec/), in admission order. One that
+           finds no block drops its drafts, then preempts the most recently admitted request.
+        3. One loop over the prefill candidates, running partial prefills and waiting
+           requests, in policy order (`_prefill_order`), under `PrefillStep`'s rules
+           (prefill_target.py); a waiting one is admitted only if its whole prompt fits beside
+           what the running ones still need (`_fits_whole_prompt`), and only in a step that
+           preempted nothing. Rows come out in running order (admitted ones last).
         """
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[Request] = []
-        self._pending = None
         now = time.monotonic()
-        step = StepPrefill(self.config, now, self._order.sort(
-            self.waiting, now, head_key=bool(self.config.prefill_target_tokens and self.running)),
-            self.running)
+        plan = _Plan(self.config.max_num_batched_tokens)
+        self._inflight.reset(plan.scheduled)
+        merge = bool(self.config.prefill_target_tokens)
+        key = self._order.sort(self.waiting, now, keep_estimates=merge)
+        sliced = self._slice(now)
+        try:
+            self._plan_decodes(plan)
+            self._plan_prefills(plan, PrefillStep(self.config, now),
+                                self._prefill_order(key if merge else None))
+        finally:
+            self.waiting.extendleft(reversed(sliced))
+        where = {id(r): i for i, r in enumerate(self.running)}
+        plan.scheduled.sort(key=lambda row: where[id(row.request)])
+        return SchedulerOutput(plan.scheduled, plan.preempted)
+
+    def _plan_decodes(self, plan: _Plan) -> None:
+        """Step 2 of `schedule`: the decode rows, each with what fits of its drafts. Drafts
+        take only spare budget (one token is kept for every decode row after) and spare
+        blocks (`_draft_room`): they never make anyone wait or be preempted."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        left = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        keep = sum(map(self._blocks_to_finish, self.running)) if left else 0
+        while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
             i += 1
-            if step.pause(req):
-                continue  # before i: never a preemption victim below
-            n = step.cap(req, req.num_computed_tokens,
-                         self._num_new_tokens(req, req.num_computed_tokens, budget))
-            if step.defers(req, req.num_computed_tokens, n):
-                step.paused.append(req)
-                continue
-            if not self._allocate_or_preempt(req, n, preempted):
+            if req.num_tokens - req.num_computed_tokens != 1:
+                continue  # a partial prefill: step 3
+            own = self._blocks_to_finish(req)
+            keep -= own
+            room = min(plan.budget - left, self._draft_room(req, own, keep))
+            spec = tuple(req.spec_token_ids[:max(0, room)])
+            left -= 1
+            if spec:
+                self.kv.allocate_slots(req.request_id, req.num_computed_tokens + 1 + len(spec))
+            elif not self._allocate_or_preempt(req, 1, plan.preempted):
                 break  # req itself was preempted; it was the last running request
-            step.add(req, req.num_computed_tokens, n)
-            scheduled.append(self._scheduled(req, n))
-            budget -= n
-        if not preempted:
-            budget = self._admit_waiting(budget, scheduled, step)
-        for req in step.paused:  # resumed while under the target; nothing preempted for them
-            n = step.cap(req, req.num_computed_tokens,
-                         self._num_new_tokens(req, req.num_computed_tokens, budget))
-            if step.may_resume(req) and n > 0 and not step.defers(
-                    req, req.num_computed_tokens, n) and self.kv.allocate_slots(
-                    req.request_id, req.num_computed_tokens + n) is not None:
-                step.add(req, req.num_computed_tokens, n)
-                scheduled.append(self._scheduled(req, n))
-                budget -= n
-        return SchedulerOutput(scheduled, preempted)
+            plan.add(self._scheduled(req, 1 + len(spec), spec))
+
+    def _draft_room(self, req: Request, own: int, keep: int) -> int:
+        """Drafted tokens decode row `req` may carry: the free slots of its blocks after its
+        own token, plus whole free blocks beyond its `own` next one and the `keep` blocks the
+        other running requests still need for their next tokens and prompts."""
+        spare = max(0, self.kv.num_free_blocks - own - keep)
+        held = self.kv.num_request_blocks(req.request_id) + own
+        return (held + spare) * self.kv.block_size - req.num_computed_tokens - 1
+
+    def _prefill_order(self, key: Callable[[Request], tuple] | None) -> list[Request]:
+        """Running partial prefills, then the waiting queue (in policy order already); with
+        `key` (shortest_first under a prefill target) merged by it, running first on equal
+        keys: a partial prefill yields its step to a request with fewer tokens left."""
+        partial = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        if key is None:
+            return partial + list(self.waiting)
+        partial.sort(key=key)
+        return list(heapq.merge(partial, self.waiting, key=key))
+
+    def _plan_prefills(self, plan: _Plan, step: PrefillStep, order: list[Request]) -> None:
+        """Step 3 of `schedule`. A waiting request that cannot start keeps its place; one
+        that stops admission (`_admit` False) lets nothing waiting behind it start, while
+        running partial prefills behind it still run."""
+        admit, admitted = True, []
+        try:
+            for req in order:
+                if plan.budget <= 0:
+                    break
+                if step.sits_out(req):
+                    continue
+                if req.status is RequestStatus.RUNNING:
+                    self._plan_partial(plan, step, req)
+                elif admit and not plan.preempted and len(self.running) < self.config.max_num_seqs:
+                    admit = self._admit(plan, step, req)
+                    if req.status is RequestStatus.RUNNING:
+                        admitted.append(req)
+        except AdmissionError as e:
+            admitted.append(e.request)  # the engine ends it alone
+            raise
+        finally:
+            if admitted:
+                gone = {id(r) for r in admitted}
+                kept = [r for r in self.waiting if id(r) not in gone]
+                self.waiting.clear()
+                self.waiting.extend(kept)
+
+    def _plan_partial(self, plan: _Plan, step: PrefillStep, req: Request) -> None:
+        """A running partial prefill's next chunk, if the step's rules and the pool allow.
+        Short of blocks it sits the step out, preempting no one: its prompt's blocks were
+        counted at admission, so only decode growth or this step's drafts (released after
+        it) can have taken them, and decode rows preempt from the back when they run out."""
+        start = req.num_computed_tokens
+        n = step.cap(req, start, self._num_new_tokens(req, start, plan.budget))
+        if step.defers(req, start, n):
+            return
+        new = self.kv.allocate_slots(req.request_id, start + n)
+        if new is None:
+            return
+        if plan.reserved is not None:
+            plan.reserved -= len(new)
+        step.add(req, start, n)
+        plan.add(self._scheduled(req, n))
+
+    def _admit(self, plan: _Plan, step: PrefillStep, req: Request) -> bool:
+        """Try to start waiting `req`; False stops admission behind it. One that cannot get
+        blocks is passed by for at most `max_bypass_s` (then admission stops behind it); one
+        whose next uncached block another request computes this step waits for it
+        (inflight_prefix.py); a prompt that would not complete beside a row that
+        does stops admission (`PrefillStep.defers`: behind it, longer ones)."""
+        if plan.reserved is None:
+            plan.reserved = sum(self._blocks_to_finish(r) for r in self.running)
+        try:
+            hits, num_computed = self.kv.get_computed_blocks(
+                req.request_id, req.all_token_ids, plan.reserved)
+            if self._inflight.defers(req, num_computed):
+                return True
+            n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, plan.budget))
+            if step.defers(req, num_computed, n):
+                return False
+            blocks = None
+            if self._fits_whole_prompt(req, hits, plan.reserved):
+                blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
+            if blocks is not None:
+                self._inflight.add(req, num_computed, n)
+        except Exception as e:  # noqa: BLE001 - the engine ends this request alone
+            raise AdmissionError(req, e) from e
+        if blocks is None:
+            if req.blocked_since is None:
+                req.blocked_since = step.now
+            return step.now - req.blocked_since < self.config.max_bypass_s
+        req.blocked_since = None
+        step.add(req, num_computed, n)
+        self._start_running(req, num_computed, n, plan)
+        plan.reserved += self._blocks_to_finish(req)
+        return True
 
     def _allocate_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
         """Grow req's blocks for n new tokens, preempting from the back until it fits."""
@@ -150,115 +272,23 @@ class Scheduler:
                 return False
         return True
 
-    def _pending_hashes(self, scheduled: list[ScheduledRequest]) -> set[int]:
-        """Hashes of the full blocks this step's prefill rows compute (not yet cached)."""
-        if self._pending is None:
-            self._pending = set()
-            for s in scheduled:
-                if s.num_new_tokens > 1:
-                    self._pending.update(self._completed_hashes(
-                        s.request, s.request.num_computed_tokens, s.num_new_tokens))
-        return self._pending
-
-    def _completed_hashes(self, req: Request, start: int, n: int) -> list[int]:
-        """Hashes of req's full blocks that computing tokens [start, start + n) completes."""
-        bs = self.kv.block_size
-        return self.kv.block_hashes(req.request_id, req.all_token_ids)[start // bs:(start + n) // bs]
-
-    def _defer_for_inflight_prefix(self, req: Request, num_computed: int,
-                                   scheduled: list[ScheduledRequest]) -> bool:
-        """True when the block right after req's cache hit is being computed this step by
-        another request (requests of one agent's fan-out arriving together): req waits one
-        step and takes it as a cache hit, instead of computing the same prefix again."""
-        if not self.kv.enable_prefix_caching:
-            return False
-        hashes = self.kv.block_hashes(req.request_id, req.all_token_ids)
-        nxt = num_computed // self.kv.block_size
-        return nxt < len(hashes) and hashes[nxt] in self._pending_hashes(scheduled)
-
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
-                       step: StepPrefill) -> int:
-        """Admit waiting requests in order; one that cannot get blocks now is skipped (kept in
-        place) so smaller requests behind it still run, for at most `max_bypass_s`: once a
-        skipped request has waited that long for blocks, admission stops behind it. One
-        whose next uncached block another request computes this step waits for it
-        (`_defer_for_inflight_prefix`). Admission stops once the step's prefill rows reach
-        the target (`StepPrefill.verdict`; the queue is already in policy order), or at a
-        prompt that would not complete beside one that does (`StepPrefill.defers`)."""
-        if not self.waiting:
-            return budget  # the usual decode step: nothing to admit, no reserve to sum
-        skipped: list[Request] = []
-        sliced: list[Request] = []  # preempted for a waiting request (time_slice.py)
-        now = step.now
-        reserved = sum(self._blocks_to_finish(r) for r in self.running)
-        try:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                verdict = step.verdict(self.waiting[0])
-                if verdict == StepPrefill.STOP:
-                    break
-                req = self.waiting.popleft()
-                if verdict == StepPrefill.SKIP:
-                    skipped.append(req)
-                    continue
-                try:
-                    hits, num_computed = self.kv.get_computed_blocks(
-                        req.request_id, req.all_token_ids, reserved)
-                    if self._defer_for_inflight_prefix(req, num_computed, scheduled):
-                        skipped.append(req)
-                        continue
-                    n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, budget))
-                    if step.defers(req, num_computed, n):
-                        skipped.append(req)  # keeps its place; behind it, longer ones
-                        break
-                    blocks = None
-                    if self._fits_whole_prompt(req, hits, reserved):
-                        blocks = self.kv.allocate_slots(req.request_id, num_computed + n, hits)
-                    if blocks is not None and self.kv.enable_prefix_caching:
-                        self._pending_hashes(scheduled).update(
-                            self._completed_hashes(req, num_computed, n))
-                except Exception as e:  # noqa: BLE001 - the engine ends this request alone
-                    raise AdmissionError(req, e) from e
-                if blocks is None and self._slice(req, now, scheduled, reserved, sliced):
-                    budget = self.config.max_num_batched_tokens - sum(
-                        s.num_new_tokens for s in scheduled)
-                    self.waiting.appendleft(req)  # looked up again, with the room made
-                    continue
-                if blocks is None:
-                    skipped.append(req)
-                    if req.blocked_since is None:
-                        req.blocked_since = now
-                    if now - req.blocked_since >= self.config.max_bypass_s:
-                        break  # passed by long enough: nothing behind it goes first
-                    continue
-                req.blocked_since = None
-                step.add(req, num_computed, n)
-                self._start_running(req, num_computed, n, scheduled)
-                budget -= n
-                reserved += self._blocks_to_finish(req)
-        finally:
-            self.waiting.extendleft(reversed(skipped))
-            self.waiting.extendleft(reversed(sliced))
-        return budget
-
-    def _slice(self, req: Request, now: float, scheduled: list[ScheduledRequest],
-               reserved: int, sliced: list[Request]) -> bool:
-        """With a KV tier, preempt running decodes for `req`, which found no blocks; their
-        rows leave this step, they rejoin the queue after it (time_slice.py). True when any
-        was preempted; at most one slice a step."""
-        if self.kv.tier is None or sliced:
-            return False
-        for v in slice_victims(req, self.running, now, self.config.time_slice_s, self.kv,
-                               reserved):
+    def _slice(self, now: float) -> list[Request]:
+        """With a KV tier, preempt running decodes for the first waiting request blocked for
+        pool space at least time_slice_s (time_slice.py), before anything is planned; returns
+        them, out of the queue (they rejoin its front after this step)."""
+        if self.kv.tier is None:
+            return []
+        victims = victims_for_waiting(self.waiting, self.running, now, self.config.time_slice_s,
+                                      self.kv, lambda: sum(map(self._blocks_to_finish,
+                                                               self.running)))
+        for v in victims:
             self.running.remove(v)
-            scheduled[:] = [row for row in scheduled if row.request is not v]
             self._preempt(v)
             self.waiting.remove(v)
-            sliced.append(v)
             self.totals.num_time_slices += 1
-        return bool(sliced)
+        return victims
 
-    def _start_running(self, req: Request, num_computed: int, n: int,
-                       scheduled: list[ScheduledRequest]) -> None:
+    def _start_running(self, req: Request, num_computed: int, n: int, plan: _Plan) -> None:
         """Admitted: RUNNING with num_computed tokens of KV (its cache hit), n new this step."""
         req.num_computed_tokens = num_computed
         if req.num_cached_tokens < 0:
@@ -273,7 +303,7 @@ class Scheduler:
         req.admitted_time = time.monotonic()
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        scheduled.append(self._scheduled(req, n))
+        plan.add(self._scheduled(req, n))
 
     def _blocks_to_finish(self, req: Request) -> int:
         """Blocks a running request still lacks for the tokens it has (its prompt's rest)."""
@@ -303,8 +333,8 @@ class Scheduler:
             n = min(n, cap)
         return min(n, budget)
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
-        return ScheduledRequest(req, n, self.kv.block_table(req.request_id))
+    def _scheduled(self, req: Request, n: int, spec: tuple[int, ...] = ()) -> ScheduledRequest:
+        return ScheduledRequest(req, n, self.kv.block_table(req.request_id), spec)
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req.request_id, final=False)

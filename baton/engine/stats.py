@@ -31,6 +31,9 @@ class Totals:
     generation_tokens: output tokens appended (a remote prefill's first token included).
     cached_tokens_by_source: of prefix_cache_hits, tokens by where this engine found them
     (its pool, or loaded from a tier: kv_source.py); their sum is prefix_cache_hits.
+    spec_*: speculative decoding as vLLM counts it: verified rows that carried drafts,
+    drafted tokens, drafted tokens accepted (not counting the row's last, sampled token),
+    and per draft position how many were accepted (spec_accepted_per_pos[i]: position i).
     """
 
     num_preemptions: int = 0
@@ -41,6 +44,23 @@ class Totals:
     generation_tokens: int = 0
     cached_tokens_by_source: dict[KVSource, int] = field(
         default_factory=lambda: dict.fromkeys(KVSource, 0))
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    def count_spec(self, num_drafted: int, num_accepted: int) -> None:
+        """A verified decode row: `num_drafted` drafts, the first `num_accepted` accepted."""
+        if not num_drafted:
+            return
+        self.spec_drafts += 1
+        self.spec_draft_tokens += num_drafted
+        self.spec_accepted_tokens += num_accepted
+        per = self.spec_accepted_per_pos
+        if len(per) < num_drafted:
+            per.extend([0] * (num_drafted - len(per)))
+        for i in range(num_accepted):
+            per[i] += 1
 
     def count_cached_spans(self, spans: Spans) -> None:
         """A request's prefix hit, by source (its spans, kv_source.py)."""
@@ -60,7 +80,7 @@ class EngineCounts(NamedTuple):
     is not atomic). kv_tiers: each KV tier's size and moves (kv_tier.TierCounts: blocks,
     bytes, hits, misses, bytes and seconds moved); kv_tier_recomputed_blocks: tier blocks
     found unusable (corrupt file) and recomputed; cached_tokens_by_source: (source, tokens)
-    of Totals.cached_tokens_by_source."""
+    of Totals.cached_tokens_by_source; spec_*: Totals' speculative decoding counters."""
 
     num_running: int
     num_waiting: int  # queued for local prefill (remote-KV waits not included)
@@ -75,6 +95,10 @@ class EngineCounts(NamedTuple):
     kv_tiers: tuple[TierCounts, ...] = ()
     kv_tier_recomputed_blocks: int = 0
     cached_tokens_by_source: tuple[tuple[KVSource, int], ...] = ()
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 class EngineStats(NamedTuple):
@@ -121,4 +145,6 @@ def counts_of(running: Collection[Request], waiting: Collection[Request],
                         t.prefix_cache_hits, t.prompt_tokens, t.generation_tokens,
                         tier.counts() if tier is not None else (),
                         tier.recomputed_blocks if tier is not None else 0,
-                        tuple(t.cached_tokens_by_source.items()))
+                        tuple(t.cached_tokens_by_source.items()), t.spec_drafts,
+                        t.spec_draft_tokens, t.spec_accepted_tokens,
+                        tuple(t.spec_accepted_per_pos))

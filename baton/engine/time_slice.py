@@ -24,7 +24,7 @@ makes preemption cheap enough to do it for a waiting request's TTFT.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,3 +53,17 @@ def slice_victims(waiter: Request, running: Sequence[Request], now: float, slice
         victims.append(r)
         freed += kv.num_request_blocks(r.request_id)
     return victims if victims and freed >= need else []
+
+
+def victims_for_waiting(waiting: Iterable[Request], running: Sequence[Request], now: float,
+                        slice_s: float, kv: KVCacheManager,
+                        reserved: Callable[[], int]) -> list[Request]:
+    """`slice_victims` for the first of `waiting` (policy order) blocked for pool space at
+    least slice_s; [] when none is. `reserved()`: blocks the running prompts still need."""
+    if slice_s <= 0:
+        return []
+    waiter = next((r for r in waiting if r.blocked_since is not None
+                   and now - r.blocked_since >= slice_s), None)
+    if waiter is None:
+        return []
+    return slice_victims(waiter, running, now, slice_s, kv, reserved())

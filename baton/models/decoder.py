@@ -12,9 +12,9 @@ build, keep the torch layout ((in, out), the big matrices as two column halves, 
 A CPU step of decode tokens only, with the native extension built (fp32: on an AVX-512 CPU;
 bf16: on any, see `kernels.cpu_decode.use_fused`) and no per-head q/k norm, runs each layer's
 rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/V read in place
-through the block table), and each residual add + RMSNorm
-and the SiLU·mul as one call each, in fp32 or bf16 (a bf16 KV cache read in place, fp32 softmax;
-see kernels/cpu_decode.py). Other CPU steps first build a
+through the block table; `kernels.cpu_verify` when some decode row carries drafted tokens),
+and each residual add + RMSNorm and the SiLU·mul as one call each, in fp32 or bf16 (a bf16 KV
+cache read in place, fp32 softmax; see kernels/cpu_decode.py). Other CPU steps first build a
 `kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
 layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
 40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 
 import kernels
 from baton.models.linear import Linear, use_native_gemv
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -45,8 +45,11 @@ class AttentionMetadata:
     """Per-step attention inputs (all int tensors on the model's device).
 
     slot_mapping: [T] int64, cache slot of each new token (block_id * block_size + offset).
-    num_decode_tokens: Td; rows [0, Td) are single-token decodes, rows [Td, T) prefill chunks.
+    num_decode_tokens: Td; rows [0, Td) are decode rows' tokens, rows [Td, T) prefill chunks.
     decode_block_tables: [Bd, max_blocks] int32; decode_context_lens: [Bd] int32 (incl. new).
+    decode_query_start_loc: [Bd+1] int32 when some decode row carries drafted tokens (a
+    speculative row: its tokens attend causally), else None (one token a row, Bd = Td);
+    decode_max_query_len: the longest decode row (host side: sizes the Triton tile).
     prefill_block_tables: [S, max_blocks] int32; prefill_query_start_loc: [S+1] int32 (offsets
     into the prefill rows); prefill_seq_lens: [S] int32 (tokens in cache incl. the new ones).
     """
@@ -58,6 +61,8 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     prefill_query_start_loc: torch.Tensor | None = None
     prefill_seq_lens: torch.Tensor | None = None
+    decode_query_start_loc: torch.Tensor | None = None
+    decode_max_query_len: int = 1
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,9 @@ class DecoderModel:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
         if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
-                and cpu_decode.supported(kv_cache, s.num_heads)):
+                and cpu_decode.supported(kv_cache, s.num_heads)
+                and (meta.decode_query_start_loc is None
+                     or cpu_verify.supported(kv_cache, s.num_heads))):
             return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
@@ -216,7 +223,7 @@ class DecoderModel:
             plan = PagedAttentionPlan(
                 tuple(kv_cache.shape), meta.slot_mapping, meta.num_decode_tokens,
                 meta.decode_block_tables, meta.decode_context_lens, meta.prefill_block_tables,
-                meta.prefill_query_start_loc, meta.prefill_seq_lens)
+                meta.prefill_query_start_loc, meta.prefill_seq_lens, meta.decode_query_start_loc)
             kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
@@ -250,6 +257,9 @@ class DecoderModel:
         positions, slots = positions.long().contiguous(), meta.slot_mapping.long().contiguous()
         tables = meta.decode_block_tables.int().contiguous()
         lens = meta.decode_context_lens.int().contiguous()
+        rows = meta.decode_query_start_loc  # speculative rows: kernels.cpu_verify's op
+        if rows is not None:
+            rows = rows.int().contiguous()
         h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
         x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
@@ -258,9 +268,14 @@ class DecoderModel:
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
-                                               kv_cache, i, slots, tables, lens, self.scale,
-                                               s.num_heads)
+            if rows is None:
+                attn = cpu_decode.decode_attention(qkv, self._cos, self._sin_signed, positions,
+                                                   kv_cache, i, slots, tables, lens, self.scale,
+                                                   s.num_heads)
+            else:
+                attn = cpu_verify.verify_attention(qkv, self._cos, self._sin_signed, positions,
+                                                   kv_cache, i, slots, tables, lens, rows,
+                                                   self.scale, s.num_heads)
             x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
             gate_up = layer.gate_up(x)
             if self._silu:
@@ -279,7 +294,7 @@ class DecoderModel:
         if td:
             parts.append(kernels.paged_decode_attention(
                 q[:td], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                self.scale))
+                self.scale, meta.decode_query_start_loc, meta.decode_max_query_len))
         if td < q.shape[0]:
             parts.append(kernels.prefill_attention(
                 q[td:], k_cache, v_cache, meta.prefill_block_tables,

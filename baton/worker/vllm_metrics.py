@@ -12,6 +12,10 @@ vLLM's labels `model_name` (the served model name) and `engine` ("0": one engine
     vllm:num_preemptions_total           counter
     vllm:prompt_tokens_total             counter    prompt tokens of requests that started
     vllm:generation_tokens_total         counter    output tokens
+    vllm:spec_decode_num_drafts          counter    speculative decoding: rows verified with
+    vllm:spec_decode_num_draft_tokens    counter    drafts, drafted tokens, accepted ones, and
+    vllm:spec_decode_num_accepted_tokens counter    accepted ones by draft position (label
+    vllm:spec_decode_num_accepted_tokens_per_pos    `position`, from 0; counter)
     vllm:time_to_first_token_seconds     histogram  decode role only (it sees the stream)
     vllm:inter_token_latency_seconds     histogram  decode role only
 The engine values are read from `EngineCounts` at scrape time (a collector: no engine
@@ -66,6 +70,22 @@ class VllmEngineCollector(Collector):
              c.generation_tokens),
         ):
             yield self._one(CounterMetricFamily, f"vllm:{name}", doc, value)
+        yield from self._spec(c)
+
+    def _spec(self, c: EngineCounts) -> Iterator[Metric]:
+        """vLLM's spec_decode counters (vllm/v1/spec_decode/metrics.py)."""
+        for name, doc, value in (
+            ("num_drafts", "Number of spec decoding drafts.", c.spec_drafts),
+            ("num_draft_tokens", "Number of draft tokens.", c.spec_draft_tokens),
+            ("num_accepted_tokens", "Number of accepted tokens.", c.spec_accepted_tokens),
+        ):
+            yield self._one(CounterMetricFamily, f"vllm:spec_decode_{name}", doc, value)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.",
+                                      labels=(*LABELS, "position"))
+        for position, value in enumerate(c.spec_accepted_per_pos):
+            per_pos.add_metric([*self._labels, str(position)], value)
+        yield per_pos
 
     def _one(self, family: type, name: str, doc: str, value: float) -> Metric:
         m = family(name, doc, labels=LABELS)

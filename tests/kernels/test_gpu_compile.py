@@ -47,8 +47,9 @@ def compile_for_gpu(fn, num_warps, **constexprs):
 
 
 compile_for_gpu(write_kv._write_kv_kernel, 4, H=3, D=64, H_P=4, D_P=64)
-compile_for_gpu(paged_decode_attention._paged_decode_kernel, 4, GROUP=3, GROUP_P=16, D=64, D_P=64,
-                BLOCK_N=paged_decode_attention._BLOCK_N, DOT_PREC="tf32")
+for block_m in (16, 32):  # one token a row; a speculative row of up to 10 tokens × 3 heads
+    compile_for_gpu(paged_decode_attention._paged_decode_kernel, 4, GROUP=3, BLOCK_M=block_m, D=64,
+                    D_P=64, BLOCK_N=paged_decode_attention._BLOCK_N, DOT_PREC="tf32")
 compile_for_gpu(prefill_attention._prefill_kernel, 8, GROUP=3, BLOCK_Q=21, BLOCK_M=64, D=64, D_P=64,
                 BLOCK_N=prefill_attention._BLOCK_N, DOT_PREC="tf32")
 compile_for_gpu(block_copy._copy_blocks_kernel, 4, GATHER=True, CHUNK=block_copy._CHUNK)

@@ -79,3 +79,28 @@ def test_prefill_attention_matches_ref(shape):
                                     d**-0.5)
         out = plan.prefill_attention(kv.view(-1, hkv, d), layer, q, d**-0.5)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("rows", [[(1, 1)], [(17, 3), (64, 1), (70, 9), (5, 5)], [(33, 2)] * 2],
+                         ids=str)
+def test_decode_attention_of_speculative_rows_matches_ref(shape, rows):
+    """Decode rows of 1 + k query tokens (context length, query tokens): causal within a row."""
+    hkv, group, d, bs, fill = shape
+    lens = [n for n, _ in rows]
+    num_blocks = sum(-(-n // bs) for n in lens) + 3
+    kv = make_kv_cache(num_blocks, NUM_LAYERS, bs, hkv, d, torch.float32)
+    tables = make_block_tables(lens, bs, num_blocks, -(-max(lens) // bs) + 2, fill)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    q_lens = torch.tensor([q for _, q in rows])
+    start = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(torch.int32)
+    td = int(q_lens.sum())
+    plan = PagedAttentionPlan(tuple(kv.shape), torch.zeros(0, dtype=torch.int64), td, tables, ctx,
+                              decode_query_start_loc=start)
+    g = torch.Generator().manual_seed(3)
+    for layer in range(NUM_LAYERS):
+        q = torch.randn(td, hkv * group, d, generator=g)
+        ref = paged_decode_attention_ref(q, kv[:, layer, 0], kv[:, layer, 1], tables, ctx, d**-0.5,
+                                         start)
+        out = plan.decode_attention(kv.view(-1, hkv, d), layer, q, d**-0.5)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)

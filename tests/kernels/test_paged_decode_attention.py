@@ -80,3 +80,53 @@ def test_launcher_rejects_bad_calls():
         paged_decode_attention_triton(query, key_cache, value_cache, tables.long(), lens, scale)
     with pytest.raises(AssertionError, match="dtype"):
         paged_decode_attention_triton(query.bfloat16(), key_cache, value_cache, tables, lens, scale)
+
+
+# Speculative decode rows (1 + k query tokens): (context length, query tokens) per sequence.
+MULTI = [(1, 1), (5, 3), (16, 1), (17, 2), (40, 9), (70, 4)]
+
+
+def _multi_case(num_kv_heads, group, head_size, block_size, fill, dtype, rows=MULTI):
+    lens = [n for n, _ in rows]
+    query, key_cache, value_cache, tables, context_lens, scale = _case(
+        num_kv_heads, group, head_size, block_size, fill, dtype, lens)
+    q_lens = torch.tensor([q for _, q in rows], dtype=torch.int32)
+    start_loc = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(torch.int32)
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(int(q_lens.sum()), num_kv_heads * group, head_size, generator=g).to(dtype)
+    return (query, key_cache, value_cache, tables, context_lens, scale, start_loc), max(q_lens)
+
+
+def _multi_oracle(query, key_cache, value_cache, tables, context_lens, scale, start_loc):
+    out = torch.empty(query.shape, dtype=torch.float64)
+    for b, n in enumerate(context_lens.tolist()):
+        q0, q1 = start_loc[b].item(), start_loc[b + 1].item()
+        keys = cached_positions(key_cache, tables[b].tolist(), n)
+        values = cached_positions(value_cache, tables[b].tolist(), n)
+        out[q0:q1] = oracle_attention(query[q0:q1], keys, values, scale,
+                                      list(range(n - (q1 - q0), n)))
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "hkv{}-g{}-d{}-bs{}".format(*s[:4]))
+def test_multi_token_rows_ref_matches_fp64_oracle(shape):
+    """A row's q_len tokens are its context's last positions and attend causally."""
+    args, _ = _multi_case(*shape, torch.float32)
+    torch.testing.assert_close(paged_decode_attention_ref(*args).double(), _multi_oracle(*args),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "hkv{}-g{}-d{}-bs{}".format(*s[:4]))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multi_token_rows_triton_matches_ref(shape, dtype):
+    args, max_q = _multi_case(*shape, dtype)
+    out = paged_decode_attention_triton(*args, max_query_len=max_q)
+    ref32 = paged_decode_attention_ref(*_upcast(args))
+    assert_close_to_fp32(out, paged_decode_attention_ref(*args), ref32)
+
+
+def test_one_token_rows_with_start_loc_equal_the_plain_call():
+    args = _case(2, 4, 40, 8, 123456, torch.float32)
+    start_loc = torch.arange(len(CONTEXT_LENS) + 1, dtype=torch.int32)
+    for fn in (paged_decode_attention_ref, paged_decode_attention_triton):
+        torch.testing.assert_close(fn(*args, start_loc), fn(*args), atol=0, rtol=0)
