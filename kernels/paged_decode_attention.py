@@ -27,6 +27,7 @@ from kernels._checks import (
     check_kv_cache_pair,
     check_query,
     dot_precision,
+    on_device,
     pow2_at_least,
     same_device,
 )
@@ -165,17 +166,18 @@ def paged_decode_attention_triton(
     batch, num_kv_heads, head_size = query.shape[0], key_cache.shape[2], key_cache.shape[3]
     if batch == 0:
         return out
-    _paged_decode_kernel[(batch, num_kv_heads)](
-        query, key_cache, value_cache, block_tables, context_lens, out,
-        scale * _LOG2E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), key_cache.shape[1],
-        GROUP=group, GROUP_P=pow2_at_least(group, 16), D=head_size, D_P=pow2_at_least(head_size, 16),
-        BLOCK_N=_BLOCK_N, DOT_PREC=dot_precision(query.dtype),
-        num_warps=4,
-    )
+    with on_device(query):
+        _paged_decode_kernel[(batch, num_kv_heads)](
+            query, key_cache, value_cache, block_tables, context_lens, out,
+            scale * _LOG2E,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0), key_cache.shape[1],
+            GROUP=group, GROUP_P=pow2_at_least(group, 16), D=head_size, D_P=pow2_at_least(head_size, 16),
+            BLOCK_N=_BLOCK_N, DOT_PREC=dot_precision(query.dtype),
+            num_warps=4,
+        )
     return out
 
 

@@ -101,6 +101,10 @@ class DecodeGraphs:
         padding values, so warm-up and capture write no KV). No-op when capture=False."""
         if not self.capture_graphs:
             return
+        with torch.cuda.device(self.device):  # graphs, pool and streams on the model's GPU
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.sizes):
             side = torch.cuda.Stream(self.device)
@@ -135,7 +139,8 @@ class DecodeGraphs:
         self._stage(n, b, width, input_ids, positions, slot_mapping, block_tables, context_lens)
         if self.capture_graphs:
             graph, out = self._graphs[b]
-            graph.replay()
+            with torch.cuda.device(self.device):  # replays on the current device's stream
+                graph.replay()
         else:
             out = self._call(b)
         return out[:n]
