@@ -288,8 +288,10 @@ class EngineConfig:
     max_model_len: context limit in tokens; None = the model's max_position_embeddings.
     seed: seed of the default RNG used by unseeded sampled requests.
     device: where weights, the KV pool, the step's index tensors and sampling live: "cpu"
-    (torch / native kernels) or "cuda" / "cuda:N" (Triton kernels). The KV tiers and the
-    transfer transports are exercised on "cpu" only.
+    (torch / native kernels) or "cuda" / "cuda:N" (Triton kernels; the KV tiers, the store
+    and the gRPC transport copy blocks device ↔ host, NIXL registers the pool as VRAM).
+    enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs
+    (engine/cuda_graphs.py); no effect on CPU.
     speculative: speculative decoding (off unless its method is set).
     """
 
@@ -301,6 +303,9 @@ class EngineConfig:
         None, "context limit (default: the model's, within the KV pool)")
     seed: int = flag(0, "the default RNG's seed (requests without their own seed)")
     device: str = flag("cpu", "where the model runs: cpu, cuda or cuda:N")
+    enforce_eager: bool = flag(
+        False, "CUDA: run decode steps eagerly (no CUDA graphs; graphs are captured at start "
+               "for decode steps of up to --max-num-seqs rows)")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -22,6 +22,7 @@ class LLM:
 
     dtype: "auto" (the default: bfloat16 on CUDA and on CPUs with AVX512_BF16 or AMX, else
     float32; baton/dtypes.py), "float32" (the exactness reference), "bfloat16", "float16".
+    device: "cpu" (default), "cuda" or "cuda:N"; enforce_eager: no CUDA graphs on CUDA.
     Keyword arguments not naming an EngineConfig field go to CacheConfig (block_size,
     num_blocks, kv_cache_memory_bytes, kv_memory_fraction, enable_prefix_caching,
     kv_host_tier_bytes, kv_disk_tier_dir, kv_disk_tier_bytes, kv_store_url, ...) or
@@ -36,7 +37,7 @@ class LLM:
                  speculative_config: SpeculativeConfig | dict | None = None, **kwargs) -> None:
         cache_keys = CacheConfig.__dataclass_fields__.keys()
         sched_keys = SchedulerConfig.__dataclass_fields__.keys()
-        engine_keys = {"max_model_len", "seed", "device"}
+        engine_keys = {"max_model_len", "seed", "device", "enforce_eager"}
         unknown = set(kwargs) - set(cache_keys) - set(sched_keys) - engine_keys
         if unknown:
             raise TypeError(f"unknown LLM arguments: {sorted(unknown)}")

@@ -1,23 +1,32 @@
-"""GPU readiness in one run (at most 8 minutes): the engine, the kernels, CUDA graphs, NIXL.
+"""GPU readiness in one run (at most 9 minutes): engine, bf16, kernels, graphs, P/D, NIXL.
 
-    python benchmarks/gpu_check.py [--json PATH] [--only engine,kernels] [--budget-s 480]
+    python benchmarks/gpu_check.py [--json PATH] [--only engine,kernels] [--budget-s 540]
     python benchmarks/gpu_check.py --dry-run      # CPU, tiny shapes, TRITON_INTERPRET=1 (CI)
 
 Sections, each timed and ending in one line `== [name] PASS|FAIL|SKIP (seconds): reason`:
 
-    env       torch / triton / transformers versions, the GPU's name and memory
-    engine    LLMEngine(device="cuda") on random-weight models of SmolLM2-135M's and
-              Llama-3.2-1B's shapes (configs built here, nothing from a hub), fp32 greedy
-              tokens == transformers' on the same device; tokens/s at batch 1 and 8
-    kernels   every Triton launcher, compiled (not interpreted), against its torch reference
-              (benchmarks/gpu_kernels.py's checks), bf16 and fp32
-    graphs    one decode step of each model captured as a CUDA graph: replay == eager, and
-              the time of both (CUDA only; the dry-run checks the same static step through
-              the Triton launchers against the CPU path)
-    decode_bw paged decode attention at 4K and 32K context: achieved GB/s of K+V read and
-              its ratio to a torch device copy measured in the same run
-    nixl      NIXL device-to-device between two processes on the one GPU (SKIP where the
-              `nixl` package does not import)
+    env          torch / triton / transformers versions, the GPU's name and memory
+    engine       LLMEngine(device="cuda") on random-weight models of SmolLM2-135M's and
+                 Llama-3.2-1B's shapes (configs built here, nothing from a hub), fp32 greedy
+                 tokens == transformers' on the same device, decode steps replayed as CUDA
+                 graphs; tokens/s at batch 1 and 8 (gpu_check_engine.py)
+    bf16         the engine in bf16 against transformers in bf16, 24 prompts per model, by
+                 vLLM's check_logprobs_close rule (gpu_check_bf16.py)
+    kernels      every Triton launcher, compiled (not interpreted), against its torch
+                 reference (benchmarks/gpu_kernels.py's checks), bf16 and fp32
+    graphs       the engine's CUDA-graph decode step (batch 1, 3 padded to 4, 8) == its eager
+                 step, and the time of both (gpu_check_graphs.py; CUDA only: the dry-run
+                 checks the padding and static buffers without capture)
+    disagg       prefill + decode workers in bf16 on the device == the colocated engine,
+                 token for token, over gRPC and NIXL (gpu_check_disagg.py)
+    tiers        the KV pool on the device over pinned host and disk tiers: a prefix evicted
+                 and loaded back gives the tokens it gives from the pool (gpu_check_tiers.py)
+    decode_bw    paged decode attention at 4K and 32K context: achieved GB/s of K+V read and
+                 its ratio to a torch device copy measured in the same run
+    decode_floor the batch-1 bf16 decode step (graph replay) against the weight-read floor at
+                 the read bandwidth measured in the same run (gpu_check_graphs.py)
+    nixl         NIXL device-to-device (VRAM) between two processes on the one GPU (SKIP
+                 where the `nixl` package does not import)
 
 Without CUDA (or with --dry-run) every section runs on CPU with tiny shapes and the Triton
 interpreter (the engine's greedy check goes through the attention path CUDA takes, the
@@ -40,7 +49,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("env", "engine", "kernels", "graphs", "decode_bw", "nixl")
+SECTIONS = ("env", "engine", "bf16", "kernels", "graphs", "disagg", "tiers", "decode_bw",
+            "decode_floor", "nixl")
+MODULES = {"engine": "gpu_check_engine", "bf16": "gpu_check_bf16", "kernels": "gpu_check_kernels",
+           "graphs": "gpu_check_graphs", "disagg": "gpu_check_disagg", "tiers": "gpu_check_tiers",
+           "decode_bw": "gpu_check_kernels", "decode_floor": "gpu_check_graphs",
+           "nixl": "gpu_check_nixl"}
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
 
@@ -54,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="CPU, tiny shapes, Triton interpreter (automatic without CUDA)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--budget-s", type=float, default=480.0, help="whole-run time limit")
+    p.add_argument("--budget-s", type=float, default=540.0, help="whole-run time limit")
     p.add_argument("--json", default=None, help="write the report (statuses, numbers) here")
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
@@ -77,7 +91,8 @@ def setup(args: argparse.Namespace) -> SimpleNamespace:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(ROOT))  # baton, kernels; this folder is sys.path[0] already
     return SimpleNamespace(dry_run=args.dry_run, device=torch.device(
-        "cpu" if args.dry_run else "cuda"), report={}, engines={}, workdir=None)
+        "cpu" if args.dry_run else "cuda"), report={}, engines={}, engines_bf16={}, models={},
+        workdir=None)
 
 
 def log(msg: str) -> None:
@@ -113,12 +128,7 @@ def _section(name: str):
     """The function running section `name` (imported late: each module imports torch)."""
     if name == "env":
         return _env
-    if name in ("engine", "graphs"):
-        import gpu_check_engine as m
-    elif name in ("kernels", "decode_bw"):
-        import gpu_check_kernels as m
-    else:
-        import gpu_check_nixl as m
+    m = importlib.import_module(MODULES[name])
     return getattr(m, f"section_{name}")
 
 
@@ -170,6 +180,7 @@ def main(argv=None) -> int:
         names = [s for s in SECTIONS if s in args.only]
         results = run_sections(ctx, names, args.budget_s)
         ctx.engines.clear()
+        ctx.engines_bf16.clear()
     counts = {s: sum(r["status"] == s for r in results) for s in (PASS, FAIL, SKIP)}
     mode = "dry-run (CPU, interpreter)" if ctx.dry_run else "CUDA"
     print(f"gpu_check {mode}: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[SKIP]} SKIP "

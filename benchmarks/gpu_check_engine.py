@@ -1,4 +1,5 @@
-"""gpu_check sections `engine` and `graphs`: LLMEngine on a device against transformers.
+"""gpu_check section `engine`: LLMEngine on a device against transformers in fp32, and the
+models, engines and runners the other engine sections share (gpu_check_bf16, _disagg, _graphs).
 
 Models are random-weight Llama configs of real models' shapes, built in-process (nothing
 from a hub) and saved as a Hugging Face folder the engine loads like any other:
@@ -9,7 +10,9 @@ from a hub) and saved as a Hugging Face folder the engine loads like any other:
 
 The dry-run uses tiny models of the same structure (GQA ratio, tying, rope type) and runs
 the engine's CUDA attention path on CPU: `DecoderModel._attention` with the Triton launchers
-under the interpreter (`triton_launchers_on_cpu`), instead of kernels/paged_cpu.py. The
+under the interpreter (`triton_launchers_on_cpu`), instead of kernels/paged_cpu.py. On CUDA
+the engine replays its decode steps as CUDA graphs (its default), so the fp32 check covers
+them too. The
 tokenizer is a word-level one with exactly the model's vocabulary (`<t0>` ... `<tV-1>`), so
 every sampled id detokenizes. Weights are drawn with initializer_range 0.08 (as
 tests/tiny_models.py) so greedy argmax is rarely a near-tie and token-exact comparison
@@ -24,7 +27,7 @@ import time
 
 import torch
 
-from gpu_check import FAIL, PASS, SKIP, log
+from gpu_check import FAIL, PASS, log
 
 SHAPES = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -54,16 +57,15 @@ _request_ids = itertools.count()
 
 
 @contextlib.contextmanager
-def triton_launchers_on_cpu(calls: list[str]):
-    """Dry-run only: the decoder's forward on CPU takes the branch a CUDA kv_cache takes
-    (no PagedAttentionPlan: `_attention`), and its kernel calls go to the `*_triton`
-    launchers (interpreted). Appends each launcher's name to `calls` when it runs, so a
-    decoder change that bypasses the patch shows as no calls."""
+def triton_launchers_on_cpu(calls: list[str], model):
+    """Dry-run only: `model`'s forward on CPU takes the path a CUDA kv_cache takes (the
+    kernels' dispatchers: `DecoderModel.cpu_attention` off), and its kernel calls go to the
+    `*_triton` launchers (interpreted). Appends each launcher's name to `calls` when it
+    runs, so a decoder change that bypasses the patch shows as no calls."""
     import kernels
-    import baton.models.decoder as decoder
 
     names = ("write_kv", "paged_decode_attention", "prefill_attention")
-    saved = decoder.PagedAttentionPlan, [getattr(kernels, n) for n in names]
+    saved = model.cpu_attention, [getattr(kernels, n) for n in names]
 
     def counted(name):
         launcher = getattr(kernels, f"{name}_triton")
@@ -73,13 +75,13 @@ def triton_launchers_on_cpu(calls: list[str]):
             return launcher(*args, **kwargs)
         return run
 
-    decoder.PagedAttentionPlan = lambda *args, **kwargs: None
+    model.cpu_attention = False
     for n in names:
         setattr(kernels, n, counted(n))
     try:
         yield
     finally:
-        decoder.PagedAttentionPlan = saved[0]
+        model.cpu_attention = saved[0]
         for n, f in zip(names, saved[1]):
             setattr(kernels, n, f)
 
@@ -96,7 +98,8 @@ def _tokenizer(vocab_size: int):
 
 
 def build_model(ctx, name: str):
-    """(folder, transformers model on ctx.device) for the shape `name`; cached in ctx."""
+    """(folder, transformers model on ctx.device) for the shape `name`; the folder is kept in
+    ctx.models for later sections (`model_folder`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -112,17 +115,38 @@ def build_model(ctx, name: str):
         model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(folder)
     _tokenizer(shape["vocab_size"]).save_pretrained(folder)
+    ctx.models[name] = folder
     return folder, model
 
 
-def make_engine(ctx, folder, num_blocks: int, max_num_seqs: int = 8):
+def model_folder(ctx, name: str):
+    """The saved folder of the shape `name` (built now when the engine section did not)."""
+    if name not in ctx.models:
+        folder, model = build_model(ctx, name)
+        del model
+    return ctx.models[name]
+
+
+def engine_config(ctx, folder, num_blocks: int, dtype: str = "float32",
+                  max_num_seqs: int = 8, **engine):
+    """The check's EngineConfig on ctx.device (CUDA graphs for decode steps of up to
+    max_num_seqs rows unless enforce_eager=True is passed); `engine` holds EngineConfig or
+    CacheConfig fields (e.g. kv_host_tier_bytes)."""
     from baton.config import CacheConfig, EngineConfig, SchedulerConfig
+
+    cache = {k: engine.pop(k) for k in list(engine) if k in CacheConfig.__dataclass_fields__}
+    return EngineConfig(
+        model=str(folder), dtype=dtype, device=str(ctx.device),
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks, **cache),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048),
+        **engine)
+
+
+def make_engine(ctx, folder, num_blocks: int, dtype: str = "float32", max_num_seqs: int = 8,
+                **engine):
     from baton.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(
-        model=str(folder), dtype="float32", device=str(ctx.device),
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)))
+    return LLMEngine(engine_config(ctx, folder, num_blocks, dtype, max_num_seqs, **engine))
 
 
 def run_engine(engine, prompts, max_tokens: int) -> tuple[list[list[int]], float, float]:
@@ -171,7 +195,8 @@ def _check_model(ctx, name: str, calls: list[str]) -> tuple[bool, str]:
     lengths = [1, 17, 33] if ctx.dry_run else [1, 17, 33, 64, 200]
     max_tokens = 5 if ctx.dry_run else 16
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
-    with triton_launchers_on_cpu(calls) if ctx.dry_run else contextlib.nullcontext():
+    with triton_launchers_on_cpu(calls, engine.model) if ctx.dry_run \
+            else contextlib.nullcontext():
         got, _, _ = run_engine(engine, prompts, max_tokens)
     ok, notes = True, []
     for prompt, tokens in zip(prompts, got):
@@ -215,92 +240,5 @@ def section_engine(ctx) -> tuple[str, str]:
             return FAIL, f"the dry-run's CUDA-path emulation never ran {sorted(missing)}"
         return PASS, (f"{', '.join(results)}: fp32 greedy == transformers, through the CUDA "
                       "attention path (Triton launchers, interpreted)")
-    return PASS, f"{', '.join(results)}: fp32 greedy == transformers on {ctx.device}"
-
-
-def _static_decode(engine, batch: int, context: int):
-    """Static inputs of one decode step (`batch` sequences at position context-1, distinct
-    blocks) over the engine's kv_cache, and the step itself → logits [batch, vocab]."""
-    from baton.models.decoder import AttentionMetadata
-
-    model, kv = engine.runner.model, engine.runner.kv_cache
-    dev, width = kv.device, -(-context // BLOCK_SIZE)
-    if batch * width > kv.shape[0]:
-        raise ValueError(f"{batch} x {context} tokens need {batch * width} blocks, "
-                         f"the pool has {kv.shape[0]}")
-    kv.normal_()
-    tables = torch.arange(batch * width, dtype=torch.int32, device=dev).view(batch, width)
-    p = context - 1
-    meta = AttentionMetadata(
-        slot_mapping=(tables[:, p // BLOCK_SIZE].long() * BLOCK_SIZE + p % BLOCK_SIZE),
-        num_decode_tokens=batch, decode_block_tables=tables,
-        decode_context_lens=torch.full((batch,), context, dtype=torch.int32, device=dev))
-    ids = torch.randint(3, model.shape.vocab_size, (batch,), device=dev)
-    pos = torch.full((batch,), p, dtype=torch.int64, device=dev)
-
-    def step() -> torch.Tensor:
-        return model.compute_logits(model.forward(ids, pos, meta, kv))
-
-    return ids, step
-
-
-def _time_ms(fn, iters: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / iters
-
-
-@torch.inference_mode()
-def _graph_one(ctx, name: str, engine, batch: int, context: int) -> tuple[bool, str]:
-    ids, step = _static_decode(engine, batch, context)
-    if ctx.device.type != "cuda":  # dry-run: the step through the Triton launchers == CPU's
-        with triton_launchers_on_cpu([]):
-            a = step().clone()
-        b = step()
-        good = torch.equal(a.argmax(-1), b.argmax(-1)) and torch.allclose(a, b, atol=1e-4)
-        return good, (f"{name}: static decode step (batch {batch}), Triton path vs CPU path: "
-                      f"max diff {(a - b).abs().max().item():.1e}")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
-    ids.copy_(torch.randint_like(ids, 3, engine.model.shape.vocab_size))
-    eager = step().clone()
-    graph.replay()
-    torch.cuda.synchronize()
-    equal = torch.equal(static_out, eager)
-    same_argmax = torch.equal(static_out.argmax(-1), eager.argmax(-1))
-    eager_ms, graph_ms = _time_ms(step, 30), _time_ms(graph.replay, 30)
-    ctx.report.setdefault("graphs", {})[f"{name}/b{batch}"] = {
-        "eager_ms": eager_ms, "graph_ms": graph_ms, "bit_exact": equal}
-    diff = (static_out - eager).abs().max().item()
-    msg = (f"{name} batch {batch} ctx {context}: replay {'==' if equal else '!='} eager "
-           f"(max diff {diff:.2e}); eager {eager_ms:.2f} ms, graph {graph_ms:.2f} ms "
-           f"per step ({eager_ms / graph_ms:.1f}x)")
-    del graph
-    return same_argmax, msg
-
-
-def section_graphs(ctx) -> tuple[str, str]:
-    if not ctx.engines:
-        return SKIP, "no engine was built (the engine section did not run or failed first)"
-    ok, context = True, 64 if ctx.dry_run else 512
-    for name, engine in ctx.engines.items():
-        for batch in (1, 8):
-            good, msg = _graph_one(ctx, name, engine, batch, context)
-            log(msg)
-            ok = ok and good
-    if not ok:
-        return FAIL, "a replayed graph's greedy tokens differ from the eager step's"
-    if ctx.device.type != "cuda":
-        return SKIP, ("CUDA graphs need a CUDA device (the static decode step ran on CPU, "
-                      "Triton launchers == CPU path)")
-    return PASS, "decode step captured and replayed for batch 1 and 8 on each model"
+    return PASS, (f"{', '.join(results)}: fp32 greedy == transformers on {ctx.device} "
+                  "(decode steps replayed as CUDA graphs)")

@@ -6,6 +6,8 @@ They never look at tensor *values* (that would force a device sync on every step
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 
@@ -15,6 +17,14 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def pow2_at_least(n: int, floor: int = 1) -> int:
     """Smallest power of two >= max(n, floor): `tl.arange` lengths must be powers of two."""
     return max(floor, triton.next_power_of_2(max(int(n), 1)))
+
+
+def on_device(t: torch.Tensor):
+    """Context for a kernel launch on `t`'s GPU: Triton launches on the current CUDA device,
+    which is per thread (0 in a fresh one), so a launch from a worker's engine or transfer
+    thread for a cache on cuda:1 would otherwise go to GPU 0. No-op for CPU tensors (the
+    interpreter)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def same_device(*tensors: torch.Tensor) -> None:

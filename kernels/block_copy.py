@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import same_device
+from kernels._checks import on_device, same_device
 
 _CHUNK = 4096  # elements per program
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -91,10 +91,11 @@ def _launch_copy(src: torch.Tensor, dst: torch.Tensor, block_ids: torch.Tensor, 
         return
     as_int = _INT_OF_WIDTH[src.element_size()]
     grid = (count, triton.cdiv(numel, _CHUNK))
-    _copy_blocks_kernel[grid](
-        src.view(as_int), dst.view(as_int), block_ids, src.stride(0), dst.stride(0), numel,
-        GATHER=gather, CHUNK=_CHUNK,
-    )
+    with on_device(src):
+        _copy_blocks_kernel[grid](
+            src.view(as_int), dst.view(as_int), block_ids, src.stride(0), dst.stride(0), numel,
+            GATHER=gather, CHUNK=_CHUNK,
+        )
 
 
 def pack_blocks_triton(

@@ -40,6 +40,7 @@ from kernels._checks import (
     check_kv_cache_pair,
     check_query,
     dot_precision,
+    on_device,
     pow2_at_least,
     same_device,
 )
@@ -218,17 +219,18 @@ def paged_decode_attention_triton(
     if query_start_loc is None:
         max_query_len = 1
         query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device=query.device)
-    _paged_decode_kernel[(batch, num_kv_heads)](
-        query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out,
-        scale * _LOG2E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), key_cache.shape[1],
-        GROUP=group, BLOCK_M=pow2_at_least(max_query_len * group, 16), D=head_size,
-        D_P=pow2_at_least(head_size, 16), BLOCK_N=_BLOCK_N, DOT_PREC=dot_precision(query.dtype),
-        num_warps=4,
-    )
+    with on_device(query):
+        _paged_decode_kernel[(batch, num_kv_heads)](
+            query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out,
+            scale * _LOG2E,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0), key_cache.shape[1],
+            GROUP=group, BLOCK_M=pow2_at_least(max_query_len * group, 16), D=head_size,
+            D_P=pow2_at_least(head_size, 16), BLOCK_N=_BLOCK_N,
+            DOT_PREC=dot_precision(query.dtype), num_warps=4,
+        )
     return out
 
 

@@ -28,6 +28,7 @@ from kernels._checks import (
     check_kv_cache_pair,
     check_query,
     dot_precision,
+    on_device,
     pow2_at_least,
     same_device,
 )
@@ -178,17 +179,18 @@ def prefill_attention_triton(
     rows = max(rows, pow2_at_least(group, 16))  # at least one whole group per tile
     block_q = rows // group
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_q_len, block_q))
-    _prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * _LOG2E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), key_cache.shape[1],
-        GROUP=group, BLOCK_Q=block_q, BLOCK_M=rows, D=head_size, D_P=pow2_at_least(head_size, 16),
-        BLOCK_N=_BLOCK_N, DOT_PREC=dot_precision(query.dtype),
-        num_warps=8 if rows >= 32 else 4,  # sm_90 ptxas: 4 warps at 64 rows spill registers
-    )
+    with on_device(query):
+        _prefill_kernel[grid](
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
+            scale * _LOG2E,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0), key_cache.shape[1],
+            GROUP=group, BLOCK_Q=block_q, BLOCK_M=rows, D=head_size, D_P=pow2_at_least(head_size, 16),
+            BLOCK_N=_BLOCK_N, DOT_PREC=dot_precision(query.dtype),
+            num_warps=8 if rows >= 32 else 4,  # sm_90 ptxas: 4 warps at 64 rows spill registers
+        )
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_kv_cache_pair, pow2_at_least, same_device
+from kernels._checks import check_kv_cache_pair, on_device, pow2_at_least, same_device
 
 
 def write_kv_ref(
@@ -90,14 +90,15 @@ def write_kv_triton(
     same_device(key, value, key_cache, value_cache, slot_mapping)
     if num_tokens == 0:
         return
-    _write_kv_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        key_cache.shape[1],
-        H=num_kv_heads, D=head_size, H_P=pow2_at_least(num_kv_heads), D_P=pow2_at_least(head_size),
-    )
+    with on_device(key):
+        _write_kv_kernel[(num_tokens,)](
+            key, value, key_cache, value_cache, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            key_cache.shape[1],
+            H=num_kv_heads, D=head_size, H_P=pow2_at_least(num_kv_heads), D_P=pow2_at_least(head_size),
+        )
 
 
 def write_kv(

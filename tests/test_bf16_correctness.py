@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from baton import LLM, SamplingParams
+from baton.closeness import check_logprobs_close
 from tests.reference import hf_model
 
 TOP = 5
@@ -56,23 +57,6 @@ def hf_bf16_greedy(folder, prompt: list[int], max_tokens: int) -> tuple[list[int
             tops.append(set(logits.topk(TOP).indices.tolist()))
             out = model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
     return tokens, tops
-
-
-def check_logprobs_close(outputs_0, outputs_1, name_0: str, name_1: str) -> int:
-    """vLLM's rule over [(tokens, [top ids per position])] pairs; returns how many prompts
-    agreed on every token. AssertionError naming the prompt and position otherwise."""
-    exact = 0
-    for i, ((ids_0, top_0), (ids_1, top_1)) in enumerate(zip(outputs_0, outputs_1)):
-        assert len(ids_0) == len(ids_1) == NEW_TOKENS
-        for pos, (a, b) in enumerate(zip(ids_0, ids_1)):
-            if a != b:
-                where = f"prompt {i} position {pos}"
-                assert a in top_1[pos], f"{where}: {name_0} {a} not in {name_1}'s top-{TOP}"
-                assert b in top_0[pos], f"{where}: {name_1} {b} not in {name_0}'s top-{TOP}"
-                break
-        else:
-            exact += 1
-    return exact
 
 
 @lru_cache(maxsize=4)

@@ -18,13 +18,13 @@ sys.path.append(str(REPO / "benchmarks"))
 gpu_check = importlib.import_module("gpu_check")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_dry_run_reports_every_section_and_exits_0(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run",
          "--json", str(report)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=280)
+        cwd=tmp_path, capture_output=True, text=True, timeout=460)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     lines = re.findall(r"^== \[(\w+)\] (PASS|FAIL|SKIP) ", proc.stdout, re.MULTILINE)
     assert [name for name, _ in lines] == list(gpu_check.SECTIONS)
@@ -32,7 +32,8 @@ def test_dry_run_reports_every_section_and_exits_0(tmp_path):
     assert list(sections) == list(gpu_check.SECTIONS)
     # what runs on CPU must pass there; only the CUDA graph capture (and NIXL where it is not
     # installed) may skip
-    for name in ("env", "engine", "kernels", "decode_bw"):
+    for name in ("env", "engine", "bf16", "kernels", "disagg", "tiers", "decode_bw",
+                 "decode_floor"):
         assert sections[name]["status"] == "PASS", sections[name]
     assert sections["graphs"]["status"] == "SKIP"
     assert "CUDA" in sections["graphs"]["reason"]
@@ -40,6 +41,17 @@ def test_dry_run_reports_every_section_and_exits_0(tmp_path):
     assert sections["nixl"]["status"] == ("PASS" if nixl_ok else "SKIP"), sections["nixl"]
     engine = sections["engine"]["details"]
     assert all(engine[m]["match"] for m in ("smollm2-135m", "llama-3.2-1b"))
+    bf16 = sections["bf16"]["details"]
+    assert all(bf16[m]["all_tokens_equal"] >= bf16[m]["prompts"] // 2 for m in bf16)
+    disagg = sections["disagg"]["details"]
+    assert "grpc" in disagg and ("nixl" in disagg) == nixl_ok
+    assert all(d["equal"] and not d["local_prefills"] for d in disagg.values())
+    tiers = sections["tiers"]["details"]
+    assert tiers["host_64"]["equal"] and tiers["host_64"]["loaded_blocks"]["host"] > 0
+    assert tiers["host_4"]["equal"] and tiers["host_4"]["loaded_blocks"]["disk"] > 0
+    floor = sections["decode_floor"]["details"]
+    assert set(floor) == {"smollm2-135m", "llama-3.2-1b"}
+    assert all(f["step_ms"] > 0 and f["floor_ms"] > 0 for f in floor.values())
 
 
 def _ctx():

@@ -71,13 +71,13 @@ def test_cluster_share_divides_what_the_weights_leave():
 
 def test_engine_sizes_its_pool_from_free_memory(tiny_llama, monkeypatch):
     per_block = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama, block_size 16: 8 KiB
-    monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 1000 * per_block)
+    monkeypatch.setattr("baton.engine.kv_budget.read_mem_available", lambda: 1000 * per_block)
     assert LLM(str(tiny_llama), kv_pool_for_batch=False, dtype="float32").engine.num_blocks == 500
     # offline: no more than max_num_seqs longest requests (1024 positions = 64 blocks)
     assert LLM(str(tiny_llama), max_num_seqs=4, dtype="float32").engine.num_blocks == 4 * 64
     explicit = LLM(str(tiny_llama), num_blocks=7, dtype="float32")
     assert explicit.engine.num_blocks == 7  # explicit wins
-    monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 10 * per_block)
+    monkeypatch.setattr("baton.engine.kv_budget.read_mem_available", lambda: 10 * per_block)
     with pytest.raises(KVBudgetError, match="1024-token request needs 64 blocks"):
         LLM(str(tiny_llama), dtype="float32")
     # a 64-token limit: floor 4 blocks, half of 10 free = 5
@@ -109,10 +109,29 @@ def test_a_worker_whose_pool_cannot_fit_exits_with_the_message(tiny_llama, monke
     from baton.worker.process import StartFailed
     from baton.worker.start import start_worker
 
-    monkeypatch.setattr("baton.engine.llm_engine.read_mem_available", lambda: 100 << 10)
+    monkeypatch.setattr("baton.engine.kv_budget.read_mem_available", lambda: 100 << 10)
     config = RoleConfig(engine=EngineConfig(model=str(tiny_llama)))
     with pytest.raises(StartFailed):
         asyncio.run(start_worker("decode", "baton.v1.DecodeService", config,
                                  lambda rt: pytest.fail("built a worker without a pool")))
     err = capsys.readouterr().err
     assert err.startswith("decode worker: the KV pool does not fit") and "--num-blocks" in err
+
+
+def test_a_cuda_pool_is_sized_from_its_device_not_host_memory(monkeypatch):
+    import torch
+
+    from baton.engine.kv_budget import free_for_pool
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda device=None: seen.append(device) or (7 * MIB, 80 * MIB))
+    monkeypatch.setattr("baton.engine.kv_budget.read_mem_available", lambda: MIB)
+    # the host tier lives in host memory: not taken off the device's free bytes
+    cuda = torch.device("cuda", 1)
+    assert free_for_pool(cuda, host_tier_bytes=5 * MIB) == (7 * MIB, "free on cuda:1")
+    assert seen == [cuda]
+    assert free_for_pool(torch.device("cpu"), host_tier_bytes=MIB // 2) == (MIB // 2,
+                                                                           "MemAvailable")
+    with pytest.raises(KVBudgetError, match=r"free on cuda:1"):
+        auto_num_blocks(7 * MIB, MIB, 2048, 16, source="free on cuda:1")

@@ -28,6 +28,10 @@ stopped. Configurations and the reference each is compared with:
     hf              plain transformers, one request at a time, on a short slice
                     (`--baseline-sessions`, `--baseline-duration`); the first Baton
                     configuration is rerun on the same slice as "baton-slice", vs hf.
+    vllm            vLLM's CPU build on the same model folder and cores, from its own venv
+                    (`--vllm-python`), in the machine's dtype (`--vllm-dtype auto`:
+                    bfloat16 with AVX512_BF16/AMX, else float32, as Baton's `--dtype auto`);
+                    compare Baton with it by `--reference vllm`
 
 The routing configurations use colocated workers (`--routing-workers`, default 2; each
 prefills its own requests, pinned to the CPUs in turn) with the same bounded KV pool per worker (`--routing-num-blocks`, 640 blocks of 16
@@ -38,8 +42,10 @@ each to hold only its own. With a prefill worker in front instead, a routing mis
 a KV pull from the prefill worker's cache, so routing barely shows there.
 
 Ratios are improvement factors (> 1 = better than the reference): reference / value for
-latencies, value / reference for throughput. `--urls name=URL,...` compares servers that are
-already running instead of starting them.
+latencies, value / reference for throughput. `--reference NAME` compares every other row with
+configuration NAME instead. `--urls name=URL,...` compares servers that are already running
+instead of starting them (e.g. `--urls vllm=http://127.0.0.1:8001,baton=http://127.0.0.1:8000
+--reference vllm`).
 
 `--driver agentx` sends the workload with the public AgentX harness instead of Baton's client
 (agentx_cli.py: block traces only, converted once, one harness run per configuration); the
@@ -74,7 +80,10 @@ from baton.bench.configs import (
     ROUTING_NUM_BLOCKS,
     TIER_HOST_BYTES,
     TIER_NUM_BLOCKS,
+    add_vllm_args,
+    reference_of,
     spec_for,
+    vllm_spec,
 )
 from baton.bench.local import ServerSpec, ServerStartError, running_server
 from baton.bench.metrics import Slo, Summary, summarize
@@ -176,8 +185,12 @@ def _parser() -> argparse.ArgumentParser:
                         "a fraction of the live sessions' KV, so prefixes are evicted")
     p.add_argument("--tier-host-bytes", type=int, default=TIER_HOST_BYTES,
                    help="host-memory tier of the tiers configuration (bytes)")
+    p.add_argument("--reference", default=None,
+                   help="compare every other configuration with this one (e.g. vllm) "
+                        "instead of each one's own reference")
     p.add_argument("--driver", choices=("baton", "agentx"), default="baton",
                    help="who sends the workload: Baton's client or the AgentX harness")
+    add_vllm_args(p)
     add_agentx_args(p)
     add_workload_args(p)
     add_run_args(p)
@@ -194,7 +207,8 @@ def _targets(args) -> list[tuple[str, ServerSpec | None, str | None]]:
     if unknown:
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
     return [(n, spec_for(n, args.routing_num_blocks, args.routing_workers,
-                         args.tier_num_blocks, args.tier_host_bytes, args.slo_ttft), None)
+                         args.tier_num_blocks, args.tier_host_bytes, args.slo_ttft,
+                         vllm_spec(args)), None)
             for n in names]
 
 
@@ -214,7 +228,7 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path,
         # the slice has no warm-up: a baseline without a prefix cache has nothing to warm
         work, duration, warmup = (slice_sessions, args.baseline_duration, 0.0) if is_hf else \
             (sessions, args.duration, args.warmup)
-        ref = CONFIGS[name][1] if name in CONFIGS else None
+        ref = reference_of(name, args.reference)
         try:
             with (running_server(spec, args.model, out / f"server-{name}.log",
                                  args.startup_timeout)

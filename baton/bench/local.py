@@ -1,5 +1,6 @@
 """Start a server for a benchmark run and stop it after: a local Baton cluster (`baton up`,
-as its own process group) or the plain transformers baseline (`hf_baseline.py`).
+as its own process group), the plain transformers baseline (`hf_baseline.py`), or vLLM's CPU
+build on the same model folder (vllm_server.py, from its own venv).
 
 Readiness = `GET /health` answers 200 and one tiny streamed chat request completes.
 Stopping = SIGINT to the process group (graceful: `baton up` stops its workers, which run in
@@ -19,10 +20,13 @@ from pathlib import Path
 
 import httpx
 
+from baton.bench.vllm_server import VllmSpec
+
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """A configuration to start. kind: "baton" (baton up) or "hf" (transformers baseline)."""
+    """A configuration to start. kind: "baton" (baton up), "hf" (transformers baseline) or
+    "vllm" (`vllm` says how; served as `model`, from the folder Baton resolves it to)."""
 
     name: str
     kind: str = "baton"
@@ -31,8 +35,13 @@ class ServerSpec:
     num_decode: int = 1
     num_prefill: int = 1
     extra_args: tuple[str, ...] = ()
+    vllm: VllmSpec | None = None
 
     def argv(self, model: str, port: int, log_dir: Path | None = None) -> list[str]:
+        if self.kind == "vllm":
+            from baton.models.registry import resolve_model
+
+            return self.vllm.argv(resolve_model(model), model, port) + list(self.extra_args)
         if self.kind == "hf":
             return [sys.executable, "-m", "baton.bench.hf_baseline", "--model", model,
                     "--port", str(port), *self.extra_args]
@@ -45,10 +54,18 @@ class ServerSpec:
             args += ["--log-dir", str(log_dir)]
         return args + list(self.extra_args)
 
+    def env(self) -> dict[str, str] | None:
+        """The process's environment (None: this process's)."""
+        return self.vllm.env() if self.kind == "vllm" else None
+
     def describe(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "mode": self.mode, "routing": self.routing,
-                "num_decode": self.num_decode, "num_prefill": self.num_prefill,
-                "extra_args": list(self.extra_args)}
+        out = {"name": self.name, "kind": self.kind, "mode": self.mode, "routing": self.routing,
+               "num_decode": self.num_decode, "num_prefill": self.num_prefill,
+               "extra_args": list(self.extra_args)}
+        if self.vllm is not None:
+            out["vllm"] = {"python": self.vllm.python, "dtype": self.vllm.resolved_dtype,
+                           "kv_cache_bytes": self.vllm.kv_cache_bytes}
+        return out
 
 
 def free_port() -> int:
@@ -85,7 +102,7 @@ def running_server(spec: ServerSpec, model: str, log_path: Path, timeout_s: floa
     print(f"[bench] starting {spec.name}: {' '.join(argv[1:])} (log: {log_path})", flush=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=spec.env())
         try:
             deadline = time.monotonic() + timeout_s
             while not _probe(url, model):

@@ -128,17 +128,24 @@ TARGETS = {
     "agentic_ttft_p90_ms": Target("agentic TTFT p90", "ms", higher_is_better=False, limit=0.5),
     "agentic_ttft_p50_ms": Target("agentic TTFT p50", "ms", higher_is_better=False, limit=0.5),
 }
+# issue 24, against vLLM's CPU build on the same cores (benchmarks/peer_vllm.py)
+VLLM_TARGETS = {
+    "itl_ms": Target("batch-1 ITL", "ms/token", higher_is_better=False, limit=0.6),
+    "cold_ttft_ms": Target("cold TTFT ~1k tokens", "ms", higher_is_better=False, limit=1.0),
+    "streams_tok_s": Target("8-stream output", "tok/s", higher_is_better=True, limit=1.5),
+}
 
 
-def summarize(values: dict[str, list[float]]) -> dict[str, float | None]:
+def summarize(values: dict[str, list[float | None]]) -> dict[str, float | None]:
     """Per metric, the median over rounds."""
     return {k: median([v for v in vs if v is not None]) for k, vs in values.items()}
 
 
-def table(peer: dict[str, float | None], baton: dict[str, float | None]) -> list[str]:
+def table(peer: dict[str, float | None], baton: dict[str, float | None],
+          targets: dict[str, Target] = TARGETS, peer_name: str = "peer") -> list[str]:
     """One line per target: peer, Baton, Baton/peer, the limit and whether it is met."""
-    lines = [f"{'metric':24s}{'peer':>12s}{'baton':>12s}{'baton/peer':>12s}  target"]
-    for key, t in TARGETS.items():
+    lines = [f"{'metric':24s}{peer_name:>12s}{'baton':>12s}{'baton/' + peer_name:>12s}  target"]
+    for key, t in targets.items():
         p, b = peer.get(key), baton.get(key)
         r = t.baton_vs_peer(b, p)
         op = ">=" if t.higher_is_better else "<="

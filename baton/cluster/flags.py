@@ -65,7 +65,8 @@ class ClusterConfig:
                "restart: a restarted child with no READY by then is killed)")
     kv_memory_fraction: float = flag(
         0.5, "share of MemAvailable (less every worker's weights) the workers' KV pools take "
-             "together, split evenly (unless --kv-cache-memory-bytes or --num-blocks)")
+             "together, split evenly (unless --kv-cache-memory-bytes or --num-blocks); with "
+             "--device cuda: of each GPU's free memory, split among the workers on it")
     kv_host_tier_fraction: float = flag(
         0.25, "share of MemAvailable (less the weights) the workers' host KV tiers take "
               "together, split evenly (unless --kv-host-tier-bytes; 0 = no host tier)")

@@ -51,6 +51,7 @@ import urllib.request
 from pathlib import Path
 
 from baton.cluster.child import Child
+from baton.cluster.devices import device_flags
 from baton.cluster.flags import backoff, bad_flags, parse_up_args, port_taken
 from baton.cluster.kv_master import start_master, stop_master
 from baton.cluster.plan import (
@@ -101,7 +102,7 @@ class Cluster:
         self.kv_master: Child | None = None
         self.stop_signal: int | None = None
         self.cpus: dict[str, frozenset[int] | None] = {}
-        self.share: dict[str, list[str]] = {}  # worker name -> its --cpu-share flags
+        self.share: dict[str, list[str]] = {}  # worker name -> its --cpu-share, --device
         self.roles: dict[str, str] = {}  # child name -> role
 
     def request_stop(self, sig: int, _frame=None) -> None:
@@ -144,7 +145,12 @@ class Cluster:
         """Start the workers, wait for their READY lines, then the gateway until healthy."""
         a = self.a
         self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
-        self.share = cpu_share_plan(a.pin, self.log_dir, list(self.cpus))
+        share = cpu_share_plan(a.pin, self.log_dir, list(self.cpus))
+        try:
+            placed = device_flags(a, list(self.cpus))
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+        self.share = {n: share[n] + placed[n] for n in self.cpus}
         if a.kv_store == "mooncake" and a.kv_store_url is None:
             try:
                 self.kv_master, url = start_master(self.log_dir / "kv-store.log", self.env)
@@ -233,6 +239,7 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
         f"{len(cluster.decode)} decode worker(s), {dtype}" + \
         (" (--dtype auto)" if a.dtype in (None, "auto") else "") + \
+        (f" on {a.device}" if (a.device or "cpu") != "cpu" else "") + \
         f", routing {a.routing}, transport {a.transport}, pin {a.pin}"
     if a.kv_store_url:
         roles += f", KV store {a.kv_store_url}"
@@ -268,9 +275,11 @@ def _serve(a: argparse.Namespace, cluster: Cluster) -> int:
 
 
 def _size_kv(a: argparse.Namespace, folder: Path) -> None:
-    """Each worker's KV pool and host tier from the memory free now, unless given."""
+    """Each worker's KV pool and host tier from the memory free now, unless given (a CUDA
+    worker's pool: from its GPU, cluster/devices.py)."""
     free = read_mem_available()
-    pool = kv_bytes_per_worker(a, folder, free)
+    cuda = (a.device or "cpu").startswith("cuda")
+    pool = None if cuda else kv_bytes_per_worker(a, folder, free)
     if pool is not None:
         set_role_flag(a, "kv_cache_memory_bytes", pool)
         print(f"[baton up] KV pool per worker: {pool / 2**20:.0f} MiB "

@@ -18,7 +18,10 @@ The rest of free memory is headroom: activations, the tokenizer, a host KV tier,
 cache and other processes. `baton up` starts several workers at once; each sizing itself
 from the same free memory would count it several times over, so `cluster_share` divides
 one budget among them (after every worker's copy of the weights) and passes each its bytes.
-Without /proc/meminfo (not Linux) the fallback is FALLBACK_BYTES.
+Without /proc/meminfo (not Linux) the fallback is FALLBACK_BYTES. On CUDA the pool lives in
+device memory: `free` is the device's free memory (cudaMemGetInfo) after the model and, the
+host tier being elsewhere, nothing is taken off it; `baton up` divides `kv_memory_fraction`
+among the workers sharing one GPU (cluster/devices.py).
 """
 from __future__ import annotations
 
@@ -64,6 +67,18 @@ def read_mem_available(path: str = "/proc/meminfo",
     return free if limit == "max" else max(0, min(free, int(limit) - used))
 
 
+def free_for_pool(device, host_tier_bytes: int = 0) -> tuple[int | None, str]:
+    """(bytes free for a KV pool on `device` now, what they are) after the model loaded: on
+    CUDA the device's free memory (cudaMemGetInfo; the host tier lives elsewhere), else
+    MemAvailable less the host tier about to be allocated (None without /proc/meminfo)."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    free = read_mem_available()
+    return (None if free is None else max(0, free - host_tier_bytes)), "MemAvailable"
+
+
 def floor_blocks(max_model_len: int, block_size: int) -> int:
     """Blocks one request of max_model_len tokens needs (at least 2, as CacheConfig asks)."""
     return max(2, -(-max_model_len // block_size))
@@ -71,10 +86,11 @@ def floor_blocks(max_model_len: int, block_size: int) -> int:
 
 def auto_num_blocks(free_bytes: int | None, bytes_per_block: int, max_model_len: int,
                     block_size: int, fraction: float = KV_MEMORY_FRACTION,
-                    max_num_seqs: int | None = None) -> int:
+                    max_num_seqs: int | None = None, source: str = "MemAvailable") -> int:
     """The default pool of the module docstring, in blocks.
 
-    free_bytes: MemAvailable after the model is loaded (None: FALLBACK_BYTES is the budget).
+    free_bytes: MemAvailable after the model is loaded (None: FALLBACK_BYTES is the budget;
+    on CUDA the device's free memory, `source` naming it in the error).
     max_num_seqs: given (offline LLM), no more than that many longest requests' worth.
     Raises KVBudgetError when one max_model_len request does not fit in free_bytes.
     """
@@ -86,7 +102,7 @@ def auto_num_blocks(free_bytes: int | None, bytes_per_block: int, max_model_len:
             raise KVBudgetError(
                 f"the KV pool does not fit: one {max_model_len}-token request needs {floor} "
                 f"blocks × {bytes_per_block} B = {floor * bytes_per_block / _MIB:.0f} MiB, "
-                f"but only {free_bytes / _MIB:.0f} MiB is free (MemAvailable) after loading "
+                f"but only {free_bytes / _MIB:.0f} MiB is free ({source}) after loading "
                 f"the model; set {FLAGS}")
         blocks = int(free_bytes * fraction) // bytes_per_block
     blocks = max(floor, blocks)

@@ -28,7 +28,7 @@ import torch
 from baton.config import EngineConfig
 from baton.engine.detokenizer import IncrementalDetokenizer, check_stop
 from baton.engine.grammar import GrammarCompiler
-from baton.engine.kv_budget import auto_num_blocks, read_mem_available
+from baton.engine.kv_budget import auto_num_blocks, free_for_pool
 from baton.engine.kv_cache import KVCacheManager
 from baton.engine.model_limits import eos_token_ids, max_model_len
 from baton.engine.model_runner import ModelRunner
@@ -74,7 +74,10 @@ class LLMEngine:
         num_blocks = self._pool_blocks(per_block)
         self.max_model_len = max_model_len(self.model.config, shape.max_position_embeddings,
                                            config.max_model_len, num_blocks * cache.block_size)
-        self.runner = ModelRunner(self.model, num_blocks, cache.block_size)
+        self.runner = ModelRunner(
+            self.model, num_blocks, cache.block_size, config.scheduler.max_num_seqs,
+            self.max_model_len, cuda_graphs=self.model.device.type == "cuda"
+            and not config.enforce_eager)
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
                                  tier=tiers_for(self.runner.kv_cache, cache, config.model))
         self.scheduler = Scheduler(config.scheduler, self.kv)
@@ -99,11 +102,10 @@ class LLMEngine:
             return max(2, cache.kv_cache_memory_bytes // per_block)
         limit = max_model_len(self.model.config, self.model.shape.max_position_embeddings,
                               config.max_model_len, sys.maxsize)
-        free = read_mem_available()  # the host tier, allocated next, is not in the pool's share
-        free = None if free is None else max(0, free - cache.kv_host_tier_bytes)
+        free, source = free_for_pool(self.model.device, cache.kv_host_tier_bytes)
         seqs = config.scheduler.max_num_seqs if cache.kv_pool_for_batch else None
         blocks = auto_num_blocks(free, per_block, limit, cache.block_size,
-                                 cache.kv_memory_fraction, seqs)
+                                 cache.kv_memory_fraction, seqs, source)
         logger.info("KV pool: %d blocks (%.0f MiB) of %s MiB free", blocks,
                     blocks * per_block / 2**20, "?" if free is None else f"{free / 2**20:.0f}")
         return blocks
@@ -162,7 +164,7 @@ class LLMEngine:
         req = Request(request_id, list(prompt_token_ids), params, max_tokens,
                       eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids)
         if params.seed is not None:
-            req.generator = make_generator(params.seed)
+            req.generator = make_generator(params.seed, self.model.device)
         if params.structured_output is not None:
             req.grammar = self.grammars.matcher(params.structured_output)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)

@@ -9,16 +9,24 @@ paged-decode kernel and prefill rows the variable-length prefix kernel.
     slot_mapping: slot(A, pos)    slot(B, n..n+2)          slot(C, 0..4)       slot(D, n..n+2)
     logits rows:  A, B ×3 (every position: verified), C (last token), D only if its chunk
                   completes the prompt
+
+On CUDA a step of single-token decode rows only (no drafts) replays a captured CUDA graph
+instead (cuda_graphs.py: the same forward, its inputs padded into static buffers), unless the
+engine runs eagerly.
 """
 from __future__ import annotations
 
 import torch
 
 from baton.models.decoder import AttentionMetadata, DecoderModel
+from baton.engine.cuda_graphs import DecodeGraphs
 from baton.engine.penalties import needs_token_history
 from baton.engine.sampler import Sampler, SamplerOutput
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.spec.verify import Verifier, VerifyRow
+
+
+MAX_GRAPH_BATCH = 256  # larger decode steps run eagerly (launch cost is small next to them)
 
 
 class ModelRunner:
@@ -26,9 +34,14 @@ class ModelRunner:
 
     kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size], model dtype,
     on the model's device; each step's index tensors are built on the host and copied there.
+    cuda_graphs: capture decode steps of up to max_num_seqs rows (at most MAX_GRAPH_BATCH)
+    as CUDA graphs (the model must be on CUDA; max_model_len sets the block-table width, see
+    cuda_graphs.py); steps holding a prefill row, or more rows, run eagerly.
     """
 
-    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int,
+                 max_num_seqs: int = 1, max_model_len: int = 1,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.block_size = block_size
         self.device = model.device
@@ -37,6 +50,12 @@ class ModelRunner:
                                     s.head_size, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
         self.verifier = Verifier()  # steps with speculative rows (the engine may replace it)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(self.decode_step, self.device,
+                                       min(max_num_seqs, MAX_GRAPH_BATCH),
+                                       -(-max_model_len // block_size))
+            self.graphs.capture()
 
     @staticmethod
     def bytes_per_block(model: DecoderModel, block_size: int) -> int:
@@ -44,12 +63,21 @@ class ModelRunner:
         return (s.num_layers * 2 * block_size * s.num_kv_heads * s.head_size
                 * torch.empty(0, dtype=model.dtype).element_size())
 
+    def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                    meta: AttentionMetadata) -> torch.Tensor:
+        """A step of decode rows only → logits [B, vocab] float32 (what cuda_graphs captures)."""
+        return self.model.compute_logits(self.model.forward(input_ids, positions, meta,
+                                                            self.kv_cache))
+
     @torch.inference_mode()  # no autograd bookkeeping on any op of the step
     def execute(self, batch: list[ScheduledRequest]) -> tuple[list[ScheduledRequest],
                                                               SamplerOutput | None]:
         """Run one step. Returns the rows that sampled (in output order) and their samples
         (with `row_lengths` when some row verified drafts: spec/verify.py)."""
         batch = sorted(batch, key=lambda s: not _is_decode(s))
+        if self.graphs is not None and self.graphs.fits(len(batch)) \
+                and all(_is_decode(s) and not s.spec_token_ids for s in batch):
+            return batch, self._sample(batch, self._graph_step(batch))
         input_ids, positions, meta = self._prepare(batch)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
         ends = torch.tensor([s.num_new_tokens for s in batch]).cumsum(0) - 1
@@ -57,15 +85,10 @@ class ModelRunner:
         if not sampling:
             return [], None
         rows = [batch[i] for i in sampling]
-        params = [r.request.sampling_params for r in rows]
-        history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
-            if needs_token_history(params) else None
-        grammars = [r.request.grammar for r in rows]
         if not any(r.spec_token_ids for r in rows):
             logits = self.model.compute_logits(hidden[self._to_device(ends[sampling])])
-            out = self.sampler(logits, params, [r.request.generator for r in rows], history,
-                               grammars if any(g is not None for g in grammars) else None)
-            return rows, out
+            return rows, self._sample(rows, logits)
+        params, history, grammars = _sampling_inputs(rows)
         places = [p for i in sampling for p in range(
             int(ends[i]) - len(batch[i].spec_token_ids), int(ends[i]) + 1)]
         logits = self.model.compute_logits(hidden[self._to_device(torch.tensor(places))])
@@ -73,6 +96,21 @@ class ModelRunner:
             VerifyRow(p, r.request.generator, history[j] if history else None, g,
                       r.spec_token_ids)
             for j, (r, p, g) in enumerate(zip(rows, params, grammars))])
+
+    def _sample(self, rows: list[ScheduledRequest], logits: torch.Tensor) -> SamplerOutput:
+        """One token for each row from its logits [len(rows), vocab]."""
+        params, history, grammars = _sampling_inputs(rows)
+        return self.sampler(logits, params, [r.request.generator for r in rows], history,
+                            grammars if any(g is not None for g in grammars) else None)
+
+    def _graph_step(self, batch: list[ScheduledRequest]) -> torch.Tensor:
+        """A decode-only step through the captured graphs → logits [len(batch), vocab]."""
+        bs = self.block_size
+        pos = [s.request.num_computed_tokens for s in batch]
+        return self.graphs.run(
+            [s.request.all_token_ids[p] for s, p in zip(batch, pos)], pos,
+            [s.block_table[p // bs] * bs + p % bs for s, p in zip(batch, pos)],
+            [s.block_table for s in batch], [p + 1 for p in pos])
 
     def _prepare(self, batch: list[ScheduledRequest]):
         bs = self.block_size
@@ -120,6 +158,15 @@ class ModelRunner:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the runner's device (itself on CPU, so that path is unchanged)."""
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+
+def _sampling_inputs(rows: list[ScheduledRequest]):
+    """The rows' SamplingParams, token histories (None when no penalty needs them) and
+    grammar matchers."""
+    params = [r.request.sampling_params for r in rows]
+    history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
+        if needs_token_history(params) else None
+    return params, history, [r.request.grammar for r in rows]
 
 
 def _is_decode(s: ScheduledRequest) -> bool:

@@ -179,6 +179,10 @@ class DecoderModel:
         # q/k norm
         self.fused_decode = (self.native_gemv and cpu_decode.use_fused(dtype)
                              and all(layer.q_norm is None for layer in self.layers))
+        # CPU attention through kernels.paged_cpu (indices once per step); False runs the
+        # path CUDA takes (the kernels' dispatchers: their torch references on CPU), which
+        # tests use to check that path's code without a GPU
+        self.cpu_attention = cpu
         self._silu = cfg.hidden_act == "silu"
         # called before every layer but the first (worker: cpu_share.py re-reads the other
         # workers' load, so a long prefill step follows a decode worker that starts or stops)
@@ -210,7 +214,8 @@ class DecoderModel:
                 meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] int64 → final-normed hidden states [T, hidden]."""
         s = self.shape
-        if (self.fused_decode and not kv_cache.is_cuda and 0 < meta.num_decode_tokens == len(input_ids)
+        if (self.fused_decode and self.cpu_attention and not kv_cache.is_cuda
+                and 0 < meta.num_decode_tokens == len(input_ids)
                 and cpu_decode.supported(kv_cache, s.num_heads)
                 and (meta.decode_query_start_loc is None
                      or cpu_verify.supported(kv_cache, s.num_heads))):
@@ -219,7 +224,7 @@ class DecoderModel:
         cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         q_width = s.num_heads * s.head_size
         plan = kv_rows = None
-        if not kv_cache.is_cuda:  # CPU: indices once per step (kernels.paged_cpu), not per layer
+        if self.cpu_attention and not kv_cache.is_cuda:  # indices once per step, not per layer
             plan = PagedAttentionPlan(
                 tuple(kv_cache.shape), meta.slot_mapping, meta.num_decode_tokens,
                 meta.decode_block_tables, meta.decode_context_lens, meta.prefill_block_tables,

@@ -197,6 +197,8 @@ class GrpcSender(KVSender):
             async for chunk in self._stub(address).PullBlocks(req, timeout=timeout):
                 if not write_chunk(self.kv_cache, self.block_bytes, chunk, into, left):
                     raise ValueError(f"pull {req.transfer_id}: chunk does not fit what is left")
+            if not left and self.kv_cache.is_cuda:  # DONE once the copies have landed
+                torch.cuda.synchronize(self.kv_cache.device)
             state = TransferState.DONE if not left else TransferState.FAILED
         except asyncio.CancelledError:
             state = TransferState.CANCELLED

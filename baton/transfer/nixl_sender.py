@@ -91,8 +91,16 @@ class NixlSender(KVSender):
         self._poller = Poller(self._tick, f"{self._agent.name}-progress")
 
     def _start(self, endpoint, transfer_id, src, dst, request_id, deadline) -> None:
+        self._written()
         x = self._open(endpoint, transfer_id, dst, deadline, src)
         self._drive(transfer_id, x)
+
+    def _written(self) -> None:
+        """On CUDA, wait until the kernels writing the KV have run: UCX reads the device
+        memory directly, outside the stream order (a prefill chunk's step that samples
+        nothing ends without any other sync)."""
+        if self.kv_cache.is_cuda:
+            torch.cuda.synchronize(self.kv_cache.device)
 
     def _begin(self, endpoint, transfer_id, dst, request_id, deadline) -> None:
         self._open(endpoint, transfer_id, dst, deadline)
@@ -104,6 +112,7 @@ class NixlSender(KVSender):
         self._drive(pid, x)
 
     def _push_blocks(self, transfer_id: str, src: list[int]) -> None:
+        self._written()
         with self._lock:
             x = self._xfers[transfer_id]
             if len(src) > len(x.dst) - x.pushed:

@@ -238,3 +238,32 @@ def test_workers_share_the_kv_store_master():
     off = resolved(BATON_KV_STORE_URL="none")["services"]
     for worker, parse in parsers.items():
         assert parse(off[worker]["command"][1:]).engine.cache.kv_store_url is None, worker
+
+
+GPU_FILE = REPO / "docker-compose.gpu.yml"
+
+
+def test_gpu_override_reserves_a_gpu_only_for_workers_computing_on_it():
+    def config(**env):
+        return subprocess.run([str(BINARY), "-f", str(COMPOSE_FILE), "-f", str(GPU_FILE),
+                               "config", "--format", "json"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120,
+                              env={**{k: v for k, v in os.environ.items()
+                                      if not k.startswith(("COMPOSE_", "BATON_"))}, **env})
+
+    refused = config()  # a GPU reserved beside workers on the CPU: refused with a message
+    assert refused.returncode != 0 and "BATON_DEVICE=cuda" in refused.stderr
+    out = config(BATON_DEVICE="cuda")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    from decode_service.config import parse_args as decode_args
+    from prefill_service.config import parse_args as prefill_args
+    for name, parse in (("prefill", prefill_args), ("decode", decode_args)):
+        [gpu] = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert gpu["driver"] == "nvidia" and gpu["count"] == 1
+        assert parse(services[name]["command"][1:]).engine.device == "cuda"
+    assert "reservations" not in services["gateway"]["deploy"]["resources"]
+    # without the override: nothing reserved, the workers on the CPU
+    for name in ("prefill", "decode"):
+        assert "--device=cpu" in resolved()["services"][name]["command"]
+        assert "reservations" not in resolved()["services"][name]["deploy"]["resources"]

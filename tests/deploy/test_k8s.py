@@ -210,7 +210,7 @@ def test_args_parse_with_the_real_parsers(overlay):
     from gateway.config import parse_args as gateway_args
     from prefill_service.config import parse_args as prefill_args
 
-    _, docs = overlay
+    name, docs = overlay
     config = by_kind(docs, "ConfigMap")["baton-config"]["data"]
     parsers = {"serve-decode": decode_args, "serve-prefill": prefill_args,
                "gateway": gateway_args, "prepare-model": None}
@@ -228,6 +228,8 @@ def test_args_parse_with_the_real_parsers(overlay):
                 assert parsed.server.advertise_address == f"10.0.0.7:{parsed.server.port}"
                 assert parsed.server.host == "0.0.0.0"
                 assert parsed.transport == config["BATON_TRANSPORT"]
+                # the GPU overlay reserves a GPU per worker: the worker must compute on it
+                assert parsed.engine.device == ("cuda" if name == "gpu" else "cpu")
 
 
 def test_namespace_is_stated_once(overlay):
