@@ -12,7 +12,7 @@ import pytest
 from baton.config import SpeculativeConfig
 from baton.sampling_params import SamplingParams, StructuredOutput, StructuredOutputKind
 from tests.reference import hf_greedy
-from tests.services.helpers import engine_config, pools_whole
+from tests.services.helpers import FORCE_REMOTE, engine_config, pools_whole
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,10 +27,11 @@ SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]},
 
 async def _servers(cluster, model):
     prefill = await cluster.prefill(model, "grpc")
-    plain = await cluster.decode(model, "grpc", prefill.address)
+    plain = await cluster.decode(model, "grpc", prefill.address, **FORCE_REMOTE)
     spec = await cluster.decode(model, "grpc", prefill.address, engine=replace(
         engine_config(model), speculative=SpeculativeConfig(method="suffix",
-                                                            num_speculative_tokens=5)))
+                                                            num_speculative_tokens=5)),
+        **FORCE_REMOTE)
     return prefill, plain, spec, cluster.client(plain, prefill), cluster.client(spec, prefill)
 
 
