@@ -9,7 +9,8 @@
 A CUDA worker sizes its KV pool from its GPU's free memory when it starts (kv_budget.py), so
 workers that start together on one GPU would each count the same free memory: each gets
 `baton up --kv-memory-fraction` divided by the number of workers on its GPU (unless the pool
-is given in bytes or blocks; host memory then sizes only the host KV tiers). Only `gpu_count` imports torch, and only when asked.
+is given in bytes or blocks; host memory then sizes only the host KV tiers). Only `gpu_count`
+imports torch, and only when asked.
 """
 from __future__ import annotations
 

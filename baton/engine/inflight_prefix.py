@@ -55,4 +55,5 @@ class InflightPrefixes:
     def _completed(self, req: Request, start: int, n: int) -> list[int]:
         """Hashes of req's full blocks that computing tokens [start, start + n) completes."""
         bs = self.kv.block_size
-        return self.kv.block_hashes(req.request_id, req.all_token_ids)[start // bs:(start + n) // bs]
+        hashes = self.kv.block_hashes(req.request_id, req.all_token_ids)
+        return hashes[start // bs:(start + n) // bs]
