@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from gateway.chat_templates import check_chat_template_option
+from gateway.limits import RequestLimits
 from gateway.tool_parsers import TOOL_PARSERS
 
 
@@ -94,6 +95,10 @@ class GatewayConfig:
     tool calls are read from the output when a request offers tools (gateway/tool_parsers.py).
     slo_ttft_ms: a TTFT SLO; a request whose predicted TTFT (the chosen workers' queues)
     exceeds it gets 429 slo_unattainable before any work (gateway/admission.py). None = off.
+    prep_processes / prep_timeout_s: the processes that prepare requests (parse, template,
+    tokenize, check schemas) off the event loop, and how long one request's preparation may
+    take (then a 400 naming the field it was on; gateway/prep_pool.py). limits: what one
+    request may carry (tools, schema bytes and depth; gateway/limits.py).
     """
 
     model: str = "smollm2-135m"
@@ -124,6 +129,9 @@ class GatewayConfig:
     log_level: str = "info"
     router: RouterConfig = field(default_factory=RouterConfig)
     slo_ttft_ms: float | None = None
+    prep_processes: int = 2
+    prep_timeout_s: float = 10.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -132,10 +140,11 @@ class GatewayConfig:
             raise ValueError("no decode workers: give --decode ADDR[,ADDR] or --workers-file")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if self.max_inflight < 1 or self.max_attempts < 1:
-            raise ValueError("max_inflight and max_attempts must be >= 1")
+        if self.max_inflight < 1 or self.max_attempts < 1 or self.prep_processes < 1:
+            raise ValueError("max_inflight, max_attempts and prep_processes must be >= 1")
         if min(self.poll_interval_s, self.rpc_timeout_s, self.dns_refresh_s,
-               self.first_token_timeout_s, self.stream_idle_timeout_s) <= 0:
+               self.first_token_timeout_s, self.stream_idle_timeout_s,
+               self.prep_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s must be >= 0")
@@ -182,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker_args(p)
     _add_prompt_args(p)
     _add_limit_args(p)
+    _add_request_limit_args(p)
     return p
 
 
@@ -236,6 +246,23 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
                         "the workers' queues make it unattainable (default: off)")
 
 
+def _add_request_limit_args(p: argparse.ArgumentParser) -> None:
+    """How requests are prepared off the event loop, and what one may carry."""
+    d = RequestLimits()
+    p.add_argument("--prep-processes", type=int, default=2,
+                   help="processes that parse, template, tokenize and check requests "
+                        "(the event loop only relays)")
+    p.add_argument("--prep-timeout-s", type=float, default=10.0,
+                   help="longest preparation of one request (then 400 naming the field)")
+    p.add_argument("--max-tools", type=int, default=d.max_tools,
+                   help="most tools one chat request may offer (400 above)")
+    p.add_argument("--max-schema-bytes", type=int, default=d.max_schema_bytes,
+                   help="largest JSON schema (response_format, a tool's parameters) in "
+                        "bytes (400 above)")
+    p.add_argument("--max-schema-depth", type=int, default=d.max_schema_depth,
+                   help="deepest nesting of objects and arrays in a JSON schema (400 above)")
+
+
 def parse_args(argv: list[str] | None = None,
                environ: dict[str, str] | None = None) -> GatewayConfig:
     """Command line (and $BATON_API_KEY from `environ`, default os.environ) → GatewayConfig;
@@ -261,6 +288,9 @@ def parse_args(argv: list[str] | None = None,
             stream_idle_timeout_s=a.stream_idle_timeout_s,
             shutdown_grace_s=a.shutdown_grace_s, access_log=a.access_log,
             log_level=a.log_level, slo_ttft_ms=a.slo_ttft_ms,
+            prep_processes=a.prep_processes, prep_timeout_s=a.prep_timeout_s,
+            limits=RequestLimits(max_tools=a.max_tools, max_schema_bytes=a.max_schema_bytes,
+                                 max_schema_depth=a.max_schema_depth),
             router=RouterConfig(policy=RoutingPolicy(a.routing), overload_load=a.overload_load,
                                 stale_after_s=max(3.0, 6 * a.poll_interval_s)),
         )

@@ -1,7 +1,7 @@
 """One request's trip through the workers; both fronts (HTTP and gRPC) use it.
 
     stream(request):
-      1. block hashes of the prompt (for KV-aware routing)
+      1. the prompt's block hashes (for KV-aware routing) came with it (gateway/prepare.py)
       2. route → decode (+ prefill) worker; with --slo-ttft-ms, predict the TTFT from their
          queues and answer 429 slo_unattainable before any work when it cannot be met
          (gateway/admission.py: Mooncake's early rejection); Generate(prompt, params,
@@ -28,7 +28,6 @@ from gateway.admission import SLOAdmission, Ticket
 from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_hashes import SessionHashCache
 from gateway.router import RouteDecision, Router
 from gateway.session_hints import SessionHints, request_fields
 from gateway.workers import DECODE, PREFILL, Worker, WorkerPool
@@ -48,6 +47,7 @@ class TokenizedRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: common_pb2.SamplingParams
+    block_hashes: list[int]  # of the prompt's full blocks, for KV-aware routing ([]: none)
     session_id: str = ""
     arrival: float = field(default_factory=time.monotonic)
     parent_session_id: str = ""  # the session that spawned this one (gateway/sessions.py)
@@ -66,7 +66,6 @@ class Dispatcher:
         self.router = router
         self.metrics = metrics
         self.inflight = 0
-        self._hashes = SessionHashCache()
         self.admission = SLOAdmission(config.slo_ttft_ms / 1e3) \
             if config.slo_ttft_ms is not None else None
 
@@ -94,15 +93,16 @@ class Dispatcher:
             self.inflight -= 1
             self.metrics.inflight.dec()
 
-    def block_hashes(self, token_ids: list[int], session_id: str = "") -> list[int]:
+    def hash_block_size(self) -> int | None:
+        """The block size prompts are hashed by for routing (None: they are not; round-robin
+        routing, or no worker has told its block size yet)."""
         if self.config.router.policy is RoutingPolicy.ROUND_ROBIN:
-            return []
-        block_size = self.config.block_size or self.pool.block_size()
-        return self._hashes.hashes(token_ids, block_size, session_id) if block_size else []
+            return None
+        return self.config.block_size or self.pool.block_size() or None
 
     # ---- before the first message --------------------------------------------------------
     async def _start(self, request: TokenizedRequest, admitted: list[Ticket]):
-        hashes = self.block_hashes(request.prompt_token_ids, request.session_id)
+        hashes = request.block_hashes
         deadline = request.arrival + self.config.first_token_timeout_s
         tried: list[str] = []
         last_error: GatewayError | None = None

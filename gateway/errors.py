@@ -20,6 +20,17 @@ _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUT
                504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
+class RequestError(ValueError):
+    """A request field is invalid; `param` names it (OpenAI's error `param`)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):  # pickled across the preparation pool (gateway/prep_pool.py)
+        return type(self), (str(self), self.param)
+
+
 class GatewayError(Exception):
     """A request failed with an HTTP `status`. retry_after: seconds, sent as Retry-After."""
 
@@ -31,6 +42,10 @@ class GatewayError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+
+    def __reduce__(self):  # pickled across the preparation pool (gateway/prep_pool.py)
+        return _gateway_error, (self.status, self.message, self.param, self.code,
+                                self.retry_after)
 
     @property
     def type(self) -> str:
@@ -47,6 +62,11 @@ class GatewayError(Exception):
     @property
     def grpc_code(self) -> grpc.StatusCode:
         return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
+
+
+def _gateway_error(status: int, message: str, param: str | None, code: str | None,
+                   retry_after: float | None) -> GatewayError:
+    return GatewayError(status, message, param=param, code=code, retry_after=retry_after)
 
 
 def error_body(status: int, message: str, param: str | None = None,

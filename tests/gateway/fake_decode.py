@@ -204,9 +204,10 @@ async def start_fake_prefill(load: float = 0.0, num_waiting_tokens: int = 0) -> 
                                   prefill_pb2_grpc.add_PrefillServiceServicer_to_server)
 
 
-async def _serve(tokens: int) -> None:
+async def _serve(tokens: int, token_delay_s: float) -> None:
     worker = await FakeWorker.start(Behavior(tokens=tuple((100 + i, f" t{i}")
-                                                          for i in range(tokens))))
+                                                          for i in range(tokens)),
+                                             token_delay_s=token_delay_s))
     print(worker.address, flush=True)
     await asyncio.Event().wait()
 
@@ -218,4 +219,6 @@ if __name__ == "__main__":  # python -m tests.gateway.fake_decode: prints its ad
 
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=4, help="tokens per completion")
-    uvloop.run(_serve(p.parse_args().tokens))
+    p.add_argument("--token-delay-s", type=float, default=0.0, help="pause after each token")
+    a = p.parse_args()
+    uvloop.run(_serve(a.tokens, a.token_delay_s))

@@ -110,11 +110,19 @@ async def test_cancel_reaches_the_decode_worker(stub, fake):
     assert fake.servicer.cancelled
 
 
-async def test_mid_stream_failure_is_finished_error(stub, fake):
+async def test_mid_stream_failure_is_finished_error_then_a_status(stub, fake):
+    """Every stream ends the same way (issue 27): the decode worker dies mid-stream → the
+    Finished{ERROR} is relayed, then the call ends with a status (HTTP: an error event, then
+    [DONE])."""
     fake.servicer.behavior = Behavior(fail_after=1)
-    msgs = await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x"))
+    msgs = []
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        async for m in stub.Generate(gateway_pb2.GatewayGenerateRequest(text="x"), timeout=5):
+            msgs.append(m)
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "mid-stream" in e.value.details()
     last = msgs[-1].finished
     assert last.finish_reason == common_pb2.FINISH_REASON_ERROR and "mid-stream" in last.error
+    assert msgs[0].WhichOneof("kind") == "tokens"  # what came before the failure arrived
 
 
 async def test_overload_maps_to_resource_exhausted(stub, fake):

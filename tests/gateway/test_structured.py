@@ -61,20 +61,40 @@ async def test_forced_tool_choice_is_a_hermes_call_of_the_tools(gateway, fake):
         assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT
 
 
+def _fmt(schema) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": schema}}}
+
+
+SCHEMA_PARAM = "response_format.json_schema.schema"
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "objekt"}}}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"properties": {"a": {"minimum": "zero"}}}}}},
-     "response_format"),
+     "response_format.json_schema"),
+    (_fmt({"type": "objekt"}), SCHEMA_PARAM),
+    (_fmt({"properties": {"a": {"minimum": "zero"}}}), SCHEMA_PARAM),
+    # valid under the meta-schema, refused by the workers' grammar converter (issue 27)
+    (_fmt({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+     SCHEMA_PARAM),
+    (_fmt({"type": "integer", "minimum": 5, "maximum": 1}), SCHEMA_PARAM),
+    (_fmt({"enum": []}), SCHEMA_PARAM),
+    (_fmt({"type": "string", "pattern": "(?<=a)b"}), SCHEMA_PARAM),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": [TOOLS[1], {"type": "function", "function": {
+        "name": "bad", "parameters": {"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 3, "maximum": 2}}}}}],
+      "tool_choice": "required"}, "tools[1].function.parameters"),
+    # parameters must be an object schema, forced or not (else `arguments` is no object)
+    ({"tools": [TOOLS[1], {"type": "function", "function": {
+        "name": "s", "parameters": {"type": "string"}}}]}, "tools[1].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "s", "parameters": [1]}}]},
+     "tools[0].function.parameters"),
 ])
 async def test_bad_structured_requests_are_400(gateway, fake, extra, param):
     r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
