@@ -76,6 +76,15 @@ async def test_chat_and_token_prompts(stub, prompts, fake):
     (dict(text="x", sampling_params=common_pb2.SamplingParams(
         structured_output=common_pb2.StructuredOutput())),
      grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(  # the workers would refuse it
+        structured_output=common_pb2.StructuredOutput(
+            kind=common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
+            json_schema='{"type": "integer", "minimum": 5, "maximum": 1}'))),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(chat=gateway_pb2.ChatPrompt(  # a tool's parameters must be an object schema
+        messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
+        tools=[gateway_pb2.ToolDefinition(name="f", parameters_json='{"type": "string"}')])),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 async def test_bad_requests(stub, request_kwargs, code):
     with pytest.raises(grpc.aio.AioRpcError) as e:
