@@ -1,9 +1,9 @@
 """Baton's gateway: the OpenAI HTTP API and a gRPC front in front of the decode workers.
 
-    client ──HTTP/SSE──▶ http_api ─┐   prep_pool: other processes run prepare
-    client ──gRPC──────▶ grpc_front ┴─▶ (parse, limits, template, tokenize) ─▶ dispatch ─▶ decode
-                                                  router (session, KV overlap, load) ◀─ workers
-                                                                   (health + stats polling)
+    client ──HTTP/SSE──▶ http_api ─┐
+    client ──gRPC──────▶ grpc_front ┴─▶ prep_pool ──────▶ dispatch ─▶ decode
+                  (other processes: parse, limits,    router (session, KV overlap, load)
+                   template, tokenize, block hashes)  ◀─ workers (health + stats polling)
 
 Modules: config (flags), prep_pool (preparation off the event loop, with a deadline),
 prepare (raw body → checked, tokenized prompts), limits (tools, schema size and depth),

@@ -21,13 +21,13 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 
+from baton.roles import API_KEY_ENV  # the key's environment variable (BATON_API_KEY)
 from gateway.chat_templates import check_chat_template_option
 from gateway.limits import RequestLimits
 from gateway.tool_parsers import TOOL_PARSERS
 
 
-# The environment variable holding the API key when --api-key is not given.
-API_KEY_ENV = "BATON_API_KEY"
+__all__ = ["API_KEY_ENV", "GatewayConfig", "RouterConfig", "build_parser", "parse_args"]
 
 
 class RoutingPolicy(str, Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.cluster.plan import decode_args, gateway_args, prefill_args
+from baton.cluster.plan import decode_args, gateway_args, gateway_env, prefill_args
 from baton.cluster.up import build_parser
 from decode_service.config import parse_args as decode_parse
 from gateway.config import PrefillModeChoice, RoutingPolicy
@@ -15,8 +15,8 @@ from prefill_service.config import parse_args as prefill_parse
 EVERY_FLAG = ["--model", "tiny", "--transport", "grpc", "--dtype", "bfloat16",
               "--block-size", "8", "--max-model-len", "512", "--num-blocks", "64",
               "--kv-cache-memory-bytes", "1048576", "--min-remote-tokens", "24",
-              "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0", "--api-key", "k",
-              "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
+              "--log-level", "INFO", "--routing", "kv", "--grpc-port", "0",
+              "--api-key", "sekret-k", "--port", "8123", "--host", "127.0.0.2", "--shutdown-grace-s", "7",
               "--kv-host-tier-bytes", "4096", "--kv-disk-tier-dir", "/tmp/t",
               "--kv-disk-tier-bytes", "8192", "--slo-ttft-ms", "1500",
               "--kv-store-url", "mooncake://127.0.0.1:5", "--kv-store-segment-bytes", "4096"]
@@ -50,7 +50,11 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
 @pytest.mark.parametrize("prefill", [["127.0.0.1:2", "127.0.0.1:3"], []])
 def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
     up = build_parser().parse_args(argv)
-    cfg = gateway_parse(gateway_args(up, ["127.0.0.1:1"], prefill))
+    gateway_argv = gateway_args(up, ["127.0.0.1:1"], prefill)
+    # the API key travels in the environment, never on the command line (`ps`)
+    assert "--api-key" not in gateway_argv
+    assert up.api_key is None or up.api_key not in " ".join(gateway_argv)
+    cfg = gateway_parse(gateway_argv, environ=gateway_env({}, up.api_key))
     assert (cfg.model, cfg.host, cfg.port, cfg.log_level) == (up.model, up.host, up.port,
                                                              up.log_level)
     assert cfg.router.policy == RoutingPolicy(up.routing)

@@ -1,6 +1,7 @@
 """What `baton up` starts, decided from its parsed flags before anything runs: each child's
 CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its command line
-(`prefill_args`, `decode_args`, `gateway_args`), its environment (`child_env`) and the fixed
+(`prefill_args`, `decode_args`, `gateway_args`), its environment (`child_env`; the gateway's
+API key in `gateway_env`, never on its command line) and the fixed
 ports it will bind (`fixed_ports`, checked free before anything starts).
 
 The command lines re-emit `baton up`'s flags as each role's own flags. baton/ never imports
@@ -15,13 +16,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes
+from baton.roles import API_KEY_ENV
 from baton.worker.cpu_share import create_share_file
 
 # `baton up` flags passed on unchanged (when given) to every worker / to the gateway.
 _WORKER_FLAGS = ("dtype", "block_size", "max_model_len", "num_blocks", "kv_cache_memory_bytes",
                  "kv_host_tier_bytes", "kv_disk_tier_dir", "kv_disk_tier_bytes",
                  "kv_store_url", "kv_store_segment_bytes")
-_GATEWAY_FLAGS = ("grpc_port", "api_key", "max_model_len", "block_size", "shutdown_grace_s",
+# (Not --api-key: the key goes through the gateway's environment, gateway_env.)
+_GATEWAY_FLAGS = ("grpc_port", "max_model_len", "block_size", "shutdown_grace_s",
                   "slo_ttft_ms")
 
 
@@ -120,6 +123,12 @@ def fixed_ports(a: argparse.Namespace) -> list[FixedPort]:
     if a.grpc_port is not None:  # the gateway's gRPC front binds its default 127.0.0.1
         out.append(FixedPort("127.0.0.1", a.grpc_port, "the gateway's gRPC front", "--grpc-port"))
     return [p for p in out if p.port != 0]
+
+
+def gateway_env(env: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """The gateway's environment: `env`, with the API key as $BATON_API_KEY when one is
+    given (a command line shows in `ps`; an environment only to its owner and root)."""
+    return {**env, API_KEY_ENV: api_key} if api_key else env
 
 
 def child_env(threads: int) -> dict[str, str]:

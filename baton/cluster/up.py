@@ -16,7 +16,9 @@
    workers only (every prefill local);
 3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
    until GET /health is 200 and reports every worker healthy;
-4. print the URL and a curl line; serve until Ctrl-C / SIGTERM. A child that dies is
+4. print the URL and a curl line (with --api-key it reads the key from `$BATON_API_KEY`:
+   the key is never printed, and the gateway gets it in its environment, not its command
+   line, which `ps` shows); serve until Ctrl-C / SIGTERM. A child that dies is
    restarted on the port it had, with backoff (--restart-delay-s, doubling per death in a
    row up to --restart-max-delay-s, reset after --restart-reset-s up), and the cluster
    serves on meanwhile (supervise.py); `--exit-on-child-failure` (CI) stops it instead,
@@ -58,12 +60,13 @@ from baton.cluster.plan import (
     cpu_share_plan,
     decode_args,
     gateway_args,
+    gateway_env,
     kv_bytes_per_worker,
     prefill_args,
 )
 from baton.engine.kv_budget import read_mem_available
 from baton.cluster.supervise import Supervisor, describe_exit
-from baton.roles import ROLE_MODULES
+from baton.roles import API_KEY_ENV, ROLE_MODULES
 
 
 class StartupError(RuntimeError):
@@ -107,11 +110,15 @@ class Cluster:
         """Started children, in stop order (gateway, decode, prefill)."""
         return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
 
+    def _env(self, role: str) -> dict[str, str]:
+        """A child's environment: the gateway's holds the API key (plan.gateway_env)."""
+        return gateway_env(self.env, self.a.api_key) if role == "gateway" else self.env
+
     def _child(self, name: str, role: str, args: list[str],
                cpus: frozenset[int] | None = None) -> Child:
         argv = [sys.executable, "-m", ROLE_MODULES[role], *args, *self.share.get(name, [])]
         child = Child(name, argv, self.log_dir / f"{name}.log", cpus)
-        child.start(self.env)
+        child.start(self._env(role))
         self.roles[name] = role
         return child
 
@@ -124,7 +131,7 @@ class Cluster:
             *(prefill_args if role == "prefill" else decode_args)(self.a, old.port),
             *self.share.get(old.name, [])]
         new = Child(old.name, argv, old.log_path, old.cpus, port=old.port)
-        new.start(self.env)
+        new.start(self._env(role))
         self.prefill = [new if c is old else c for c in self.prefill]
         self.decode = [new if c is old else c for c in self.decode]
         if self.gateway is old:
@@ -216,7 +223,9 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     url = f"http://{host}:{a.port}"
     body = json.dumps({"model": a.model, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 32})
-    auth = f" -H {shlex.quote('Authorization: Bearer ' + a.api_key)}" if a.api_key else ""
+    # the key itself is never printed: the line reads it from the user's own environment
+    keyed = a.api_key or cluster.env.get(API_KEY_ENV)  # the flag, or inherited by the gateway
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \
         f"{len(cluster.decode)} decode worker(s), routing {a.routing}, transport {a.transport}"
     if a.kv_store_url:
