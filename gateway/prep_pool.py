@@ -21,8 +21,9 @@ own PromptBuilder. Each child holds its own caches of recent sessions (the token
 gateway/piece_cache.py; the block hashes, gateway/prefix_hashes.py), so a job goes to the
 child its session's key (`affinity`) maps to when that one is free, else to any free one.
 
-One job: the parent sends (fn, args) over the child's pipe from an I/O thread and waits for
-the answer; before each costly step the child notes the field it works on (`ctx.note`).
+One job: the parent sends (fn, args) over the child's socket (asyncio streams: no thread, no
+blocking call on the loop) and waits for the answer; before each costly step the child notes
+the field it works on (`ctx.note`).
 - no answer within timeout_s: the child is killed (SIGKILL) and replaced; the request gets a
   400 `request_too_complex` naming the last noted field (a schema, `tools`, `messages`);
 - the client leaves (the job is cancelled): the same kill and replace, as the work is nobody's;
@@ -37,8 +38,8 @@ import logging
 import multiprocessing
 import pickle
 import signal
+import socket
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -79,38 +80,65 @@ class PrepContext:
 
 
 class _Job:
-    """One job's last noted field (written by its I/O thread, read after a deadline)."""
+    """One job's last noted field (read after a deadline)."""
 
     param: str | None = None
 
 
 class _Child:
-    """One child process and the parent's end of its pipe (blocking: used on threads)."""
+    """One child process and the parent's end of its socket (asyncio streams, so a job
+    costs the loop no thread and no blocking call)."""
 
-    def __init__(self, ctx, blob: bytes) -> None:
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(theirs, blob), daemon=True,
-                                name="gateway-prep")
-        self.proc.start()
+    def __init__(self, proc, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.proc, self.reader, self.writer = proc, reader, writer
+
+    @classmethod
+    async def start(cls, ctx, blob: bytes) -> _Child:
+        ours, theirs = socket.socketpair()
+        proc = ctx.Process(target=_child_main, args=(theirs, blob), daemon=True,
+                           name="gateway-prep")
+        await asyncio.to_thread(proc.start)  # talks to the fork server (its start: seconds)
         theirs.close()
-        if not self.conn.poll(_READY_TIMEOUT_S) or self.conn.recv() != ("ready", None):
-            self.kill()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        child = cls(proc, reader, writer)
+        try:
+            ready = await asyncio.wait_for(_read(reader), _READY_TIMEOUT_S)
+        except (TimeoutError, EOFError, OSError):
+            ready = None
+        if ready != ("ready", None):
+            await child.kill()
             raise RuntimeError("a request-preparation process did not start")
+        return child
 
-    def call(self, job: _Job, fn: Callable, args: tuple) -> tuple[str, Any]:
+    async def call(self, job: _Job, fn: Callable, args: tuple) -> tuple[str, Any]:
         """("ok", value) or ("error", exception); EOFError/OSError when the child died."""
-        self.conn.send((fn, args))
+        _write(self.writer, (fn, args))
+        await self.writer.drain()
         while True:
-            kind, value = self.conn.recv()
+            kind, value = await _read(self.reader)
             if kind != "note":
                 return kind, value
             job.param = value
 
-    def kill(self) -> None:
+    async def kill(self) -> None:
+        self.writer.close()
         if self.proc.is_alive():
             self.proc.kill()
-        self.proc.join()
-        self.conn.close()
+        await asyncio.to_thread(self.proc.join)
+
+
+# Framing on a child's socket: an 8-byte little-endian length, then a pickle.
+def _write(writer: asyncio.StreamWriter, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(len(data).to_bytes(8, "little"))
+    writer.write(data)
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """The next message (asyncio.IncompleteReadError, an EOFError, when the child died)."""
+    size = int.from_bytes(await reader.readexactly(8), "little")
+    return pickle.loads(await reader.readexactly(size))
 
 
 class PrepPool:
@@ -126,8 +154,6 @@ class PrepPool:
         self._slots: list[_Child | None] = [None] * processes  # None: (re)starting
         self._idle: set[int] = set()  # slots whose child waits for a job
         self._freed = asyncio.Condition()
-        self._io = ThreadPoolExecutor(max_workers=processes + 1,
-                                      thread_name_prefix="gateway-prep")
         self._tasks: set[asyncio.Task] = set()
         self._ctx = multiprocessing.get_context("forkserver")
 
@@ -144,10 +170,8 @@ class PrepPool:
         slot = await self._acquire(affinity)
         child = self._slots[slot]
         job = _Job()
-        loop = asyncio.get_running_loop()
         try:
-            kind, value = await asyncio.wait_for(
-                loop.run_in_executor(self._io, child.call, job, fn, args), self.timeout_s)
+            kind, value = await asyncio.wait_for(child.call(job, fn, args), self.timeout_s)
         except TimeoutError:
             self._replace(slot)
             raise GatewayError(400, "preparing the request took longer than "
@@ -175,8 +199,7 @@ class PrepPool:
         children = [c for c in self._slots if c is not None]
         self._slots = [None] * self._processes
         self._idle.clear()
-        await asyncio.gather(*(asyncio.to_thread(c.kill) for c in children))
-        self._io.shutdown(wait=False, cancel_futures=True)
+        await asyncio.gather(*(c.kill() for c in children))
 
     async def _acquire(self, affinity: str | None) -> int:
         """A free slot: affinity's own when free, else any (503 after timeout_s)."""
@@ -198,7 +221,7 @@ class PrepPool:
             self._freed.notify()
 
     async def _spawn(self, slot: int) -> None:
-        self._slots[slot] = await asyncio.to_thread(_Child, self._ctx, self._blob)
+        self._slots[slot] = await _Child.start(self._ctx, self._blob)
         await self._release(slot)
 
     def _replace(self, slot: int) -> None:
@@ -206,7 +229,7 @@ class PrepPool:
         child, self._slots[slot] = self._slots[slot], None
 
         async def replace() -> None:
-            await asyncio.to_thread(child.kill)
+            await child.kill()
             await self._spawn(slot)
 
         task = asyncio.get_running_loop().create_task(replace())
@@ -225,15 +248,15 @@ def _slot_of(key: str, slots: int) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()) % slots
 
 
-def _child_main(conn, blob: bytes) -> None:
+def _child_main(sock: socket.socket, blob: bytes) -> None:
     """A child: build the PromptBuilder, then run jobs until the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C hits the group: the gateway decides
     prompts, settings = pickle.loads(blob)
-    ctx = PrepContext(prompts, settings, lambda param: conn.send(("note", param)))
-    conn.send(("ready", None))
+    ctx = PrepContext(prompts, settings, lambda param: _send(sock, ("note", param)))
+    _send(sock, ("ready", None))
     while True:
         try:
-            fn, args = conn.recv()
+            fn, args = _receive(sock)
         except (EOFError, OSError):
             return
         try:
@@ -241,7 +264,28 @@ def _child_main(conn, blob: bytes) -> None:
         except Exception as e:  # the request's fault (GatewayError) or a bug: the parent's
             answer = ("error", e)
         try:
-            conn.send(answer)
-        except Exception as e:  # an answer that does not pickle
+            _send(sock, answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # it does not pickle
             logger.exception("unpicklable request-preparation answer")
-            conn.send(("error", GatewayError(500, f"internal error: {type(e).__name__}")))
+            _send(sock, ("error", GatewayError(500, f"internal error: {type(e).__name__}")))
+
+
+def _send(sock: socket.socket, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(len(data).to_bytes(8, "little") + data)
+
+
+def _receive(sock: socket.socket) -> Any:
+    size = int.from_bytes(_exactly(sock, 8), "little")
+    return pickle.loads(_exactly(sock, size))
+
+
+def _exactly(sock: socket.socket, size: int) -> bytearray:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError("the gateway went away")
+        got += n
+    return buf
