@@ -1,4 +1,6 @@
-"""Assembles one gateway: tokenizer, worker pool, router, dispatcher, HTTP app, gRPC front.
+"""Assembles one gateway: tokenizer, preparation pool (gateway/prep_pool.py: the processes
+that parse, check and tokenize requests), worker pool, router, dispatcher, HTTP app, gRPC
+front.
 
     gw = Gateway(config)          # or Gateway(config, prompts) with a tokenizer already loaded
     await gw.start()              # binds config.host:config.port (0 = any) and the gRPC port
