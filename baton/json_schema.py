@@ -2,10 +2,29 @@
 
 The decode and prefill workers compile the result (baton/engine/grammar.py); the gateway
 converts every schema before routing (gateway/structured.py), so a schema the workers would
-refuse is refused there, as a 400 naming its field. xgrammar is imported on first use (it
+refuse is refused there, as a 400 naming its field. What a worker still refuses it refuses
+with a FieldError, whose field travels in the status's trailing metadata. xgrammar is imported on first use (it
 imports torch): importing this module costs nothing.
 """
 from __future__ import annotations
+
+# The request field a refused structured output is, named in the gRPC status's trailing
+# metadata under FIELD_METADATA, so the gateway can name its own field in its 400.
+STRUCTURED_OUTPUT_FIELD = "sampling_params.structured_output"
+FIELD_METADATA = "baton-field"
+
+
+class FieldError(ValueError):
+    """A request field a role refuses (INVALID_ARGUMENT); `field` names it in the role's
+    proto request (e.g. STRUCTURED_OUTPUT_FIELD)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The gRPC trailing metadata that names the field."""
+        return ((FIELD_METADATA, self.field),)
 
 
 def grammar_from_json_schema(schema: str):

@@ -9,6 +9,7 @@
       3. wait for the first message (a deadline for all attempts together); if the call fails
          or times out before it, try the next worker (nothing was streamed yet, so a retry is
          invisible), up to max_attempts; INVALID_ARGUMENT is the request's fault: no retry
+         (a 400 naming the request's field when the worker named its own: FieldError)
       4. relay every message; a call that breaks or goes quiet after that ends each open
          completion with Finished{ERROR} (never a silent hang)
       5. closing the iterator early (the client left) cancels the Generate call, which aborts
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from baton.json_schema import FIELD_METADATA, STRUCTURED_OUTPUT_FIELD
 from gateway.admission import SLOAdmission, Ticket
 from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
 from gateway.errors import GatewayError
@@ -52,6 +54,9 @@ class TokenizedRequest:
     arrival: float = field(default_factory=time.monotonic)
     parent_session_id: str = ""  # the session that spawned this one (gateway/sessions.py)
     session_hints: SessionHints = SessionHints()  # TTL, last turn (gateway/session_hints.py)
+    # The field the structured output came from (response_format.json_schema.schema, tools),
+    # named when a worker refuses it (a FieldError's trailing metadata).
+    structured_param: str | None = None
 
     @property
     def n(self) -> int:
@@ -136,7 +141,7 @@ class Dispatcher:
                                           f"{self.config.first_token_timeout_s:g} s",
                                           code="timeout")
             except grpc.aio.AioRpcError as e:
-                last_error = self._rpc_error(worker, e)
+                last_error = self._rpc_error(worker, e, request)
             except BaseException:
                 call.cancel()
                 worker.inflight -= 1
@@ -182,10 +187,13 @@ class Dispatcher:
             req.prefill_address = decision.prefill
         return req
 
-    def _rpc_error(self, worker: Worker, e: grpc.aio.AioRpcError) -> GatewayError:
+    def _rpc_error(self, worker: Worker, e: grpc.aio.AioRpcError,
+                   request: TokenizedRequest) -> GatewayError:
         code, details = e.code(), e.details() or e.code().name
         if code in _CLIENT_FAULT:
-            return GatewayError(400, details, code="invalid_request")
+            field = dict(e.trailing_metadata() or ()).get(FIELD_METADATA)
+            param = request.structured_param if field == STRUCTURED_OUTPUT_FIELD else None
+            return GatewayError(400, details, param=param, code="invalid_request")
         if code == _C.RESOURCE_EXHAUSTED:
             return GatewayError(429, f"decode worker overloaded: {details}",
                                 code="rate_limit_exceeded", retry_after=1)

@@ -4,7 +4,8 @@ Prompt (text, token ids or chat) → token ids → checked SamplingParams (in th
 pool, gateway/prep_pool.py: `prepare_grpc`) → the same `Dispatcher` as HTTP → the decode
 worker's messages relayed unchanged. Errors before the first message abort the call with the
 status matching the HTTP one (400 → INVALID_ARGUMENT, 404 → NOT_FOUND, 429 →
-RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED). A stream that ends in an
+RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED), the field at fault (the
+HTTP error's `param`) in the trailing metadata `baton-field`. A stream that ends in an
 error (a Finished ERROR or ABORT, e.g. the decode worker died mid-stream) relays it and then
 ends the call with the matching status (INTERNAL, UNAVAILABLE), as HTTP ends it with an
 error event and [DONE].
@@ -24,6 +25,7 @@ import uuid
 
 import grpc
 
+from baton.json_schema import FIELD_METADATA
 from baton.worker.wire import sampling_params_from_proto
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
@@ -59,9 +61,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 prepare_grpc, request.SerializeToString(), self._dispatcher.hash_block_size(),
                 session_id, affinity=session_id or None)
         except GatewayError as e:
-            await context.abort(e.grpc_code, e.message)
+            await _abort(context, e)
         job = TokenizedRequest(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
-                               hashes, session_id, arrival, keys.parent_session_id, hints)
+                               hashes, session_id, arrival, keys.parent_session_id, hints,
+                               "sampling_params.structured_output")
         messages = self._dispatcher.stream(job)
         failed: GatewayError | None = None
         try:
@@ -70,7 +73,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 if failed is None and msg.WhichOneof("kind") == "finished":
                     failed = finished_error(msg.finished)
         except GatewayError as e:
-            await context.abort(e.grpc_code, e.message)
+            await _abort(context, e)
         finally:
             await messages.aclose()
         if failed is not None:  # relayed; the call ends with its status, as HTTP's [DONE]
@@ -110,6 +113,13 @@ def _prompt_ids(ctx: PrepContext, request: gateway_pb2.GatewayGenerateRequest) -
             [_tool(t, i, ctx.settings.limits) for i, t in enumerate(request.chat.tools)]
             or None)
     raise PromptError("a prompt is required (text, token_ids or chat)")
+
+
+async def _abort(context, error: GatewayError) -> None:
+    """End the call with the error's status; its field, if any, in the trailing metadata
+    (`baton-field`, as the workers name theirs)."""
+    field = ((FIELD_METADATA, error.param),) if error.param else ()
+    await context.abort(error.grpc_code, error.message, trailing_metadata=field)
 
 
 def _hints(request: gateway_pb2.GatewayGenerateRequest, get, session_id: str) -> SessionHints:

@@ -172,7 +172,8 @@ def _jobs(request: Request, rid: str, prepared: Prepared) -> list[TokenizedReque
     session, many = prepared.session, len(prepared.prompts) > 1
     return [TokenizedRequest(f"{rid}-{i}" if many else rid, p.prompt_token_ids, p.params,
                              p.block_hashes, session.session_id, arrival,
-                             session.parent_session_id, prepared.hints)
+                             session.parent_session_id, prepared.hints,
+                             prepared.structured_param)
             for i, p in enumerate(prepared.prompts)]
 
 

@@ -72,6 +72,7 @@ class Prepared:
     tool_parser: str | None = None
     offered_tools: bool = False
     ignored: tuple[str, ...] = ()
+    structured_param: str | None = None  # where the structured output comes from
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
         ctx.prompts.chat_token_ids, messages, tools, body.add_generation_prompt)],
         routing.block_size, session.session_id)
     return Prepared(_view(body), prompts, session, hints, parser, bool(tools),
-                    _ignored(body))
+                    _ignored(body), body.structured_param)
 
 
 def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
@@ -136,7 +137,8 @@ def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepar
     # several prompts of one session would evict each other's hashes: only one is cached
     cached_as = session.session_id if len(fns) == 1 else ""
     prompts = _prompts(ctx, body, fns, routing.block_size, cached_as)
-    return Prepared(_view(body), prompts, session, hints, ignored=_ignored(body))
+    return Prepared(_view(body), prompts, session, hints, ignored=_ignored(body),
+                    structured_param=body.structured_param)
 
 
 def _session(body, routing: Routing) -> tuple[SessionKeys, SessionHints]:

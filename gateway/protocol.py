@@ -133,6 +133,14 @@ class _Generation(Request):
             fmt.type, fmt.json_schema.schema_ if fmt.json_schema else None, checker)
 
     @property
+    def structured_param(self) -> str | None:
+        """The field the structured output comes from (None: there is none)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        return structured.SCHEMA_PARAM if fmt.type == "json_schema" else "response_format"
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -166,6 +174,13 @@ class ChatCompletionRequest(_Generation):
     @property
     def parse_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def structured_param(self) -> str | None:
+        """A forced call's schema comes from the tools, else response_format's."""
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tools"
+        return super().structured_param
 
     def structured_output(self, checker: structured.SchemaChecker
                           ) -> common_pb2.StructuredOutput | None:

@@ -34,7 +34,12 @@ try:
 except ImportError:  # an image without it (the GPU check machine): the engine runs, and
     xgr = None       # a structured-output request is refused with a ValueError
 
-from baton.json_schema import grammar_from_json_schema, short_error
+from baton.json_schema import (
+    STRUCTURED_OUTPUT_FIELD,
+    FieldError,
+    grammar_from_json_schema,
+    short_error,
+)
 from baton.sampling_params import StructuredOutput, StructuredOutputKind
 
 _ANY_OBJECT = json.dumps({"type": "object"})
@@ -99,8 +104,13 @@ class GrammarCompiler:
         return compiled
 
     def matcher(self, spec: StructuredOutput) -> GrammarMatcher:
-        """A fresh matcher for one request. ValueError: the schema does not compile."""
-        return GrammarMatcher(self.compile(spec), self.stop_token_ids, self.vocab_size)
+        """A fresh matcher for one request. FieldError (a ValueError naming the
+        structured output): the schema does not compile."""
+        try:
+            compiled = self.compile(spec)
+        except ValueError as e:
+            raise FieldError(str(e), STRUCTURED_OUTPUT_FIELD) from e
+        return GrammarMatcher(compiled, self.stop_token_ids, self.vocab_size)
 
 
 class GrammarMatcher:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from baton.json_schema import FIELD_METADATA
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 DEFAULT_TOKENS = ((11, "Hello"), (12, " world"), (13, "!"))
@@ -26,6 +27,7 @@ class Behavior:
     token_delay_s: float = 0.0
     fail_after: int | None = None        # abort(UNAVAILABLE) after this many token steps
     reject: grpc.StatusCode | None = None  # abort before any message
+    reject_field: str | None = None      # ... naming this request field (trailing metadata)
     hang: bool = False                   # accept and never answer
     finish_error: str | None = None      # Finished{ERROR} after the tokens
     cached_tokens: int = 0
@@ -55,7 +57,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         b = self.behavior
         try:
             if b.reject is not None:
-                await context.abort(b.reject, "rejected by the fake worker")
+                field = ((FIELD_METADATA, b.reject_field),) if b.reject_field else ()
+                await context.abort(b.reject, "rejected by the fake worker",
+                                    trailing_metadata=field)
             if b.hang:
                 await asyncio.sleep(3600)
             if b.first_delay_s:

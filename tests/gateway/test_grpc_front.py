@@ -90,6 +90,10 @@ async def test_bad_requests(stub, request_kwargs, code):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await collect(stub, gateway_pb2.GatewayGenerateRequest(**request_kwargs))
     assert e.value.code() == code
+    field = dict(e.value.trailing_metadata() or ()).get("baton-field")
+    so = request_kwargs.get("sampling_params", common_pb2.SamplingParams()).structured_output
+    if so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA:  # a bad schema: its field
+        assert field == "sampling_params.structured_output.json_schema"
     assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import jsonschema
 import pytest
 
+from baton.json_schema import STRUCTURED_OUTPUT_FIELD
 from protos import common_pb2
-from tests.gateway.conftest import MODEL
+from tests.gateway.conftest import MODEL, Behavior
 from tests.gateway.test_http_api import CHAT, post
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -101,3 +103,21 @@ async def test_bad_structured_requests_are_400(gateway, fake, extra, param):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert not fake.servicer.requests
+
+
+@pytest.mark.parametrize("extra,param", [
+    (_fmt(SCHEMA), SCHEMA_PARAM),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+])
+async def test_a_schema_a_worker_refuses_is_a_400_naming_the_field(gateway, fake, extra,
+                                                                   param):
+    """Whichever process finds the fault (issue 27): a worker that refuses the structured
+    output names its own field (`baton-field` metadata) and the gateway names the request's."""
+    fake.servicer.behavior = Behavior(reject=grpc.StatusCode.INVALID_ARGUMENT,
+                                      reject_field=STRUCTURED_OUTPUT_FIELD)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    fake.servicer.behavior = Behavior(reject=grpc.StatusCode.INVALID_ARGUMENT)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] is None  # no field named
