@@ -3,8 +3,8 @@
 The decode and prefill workers compile the result (baton/engine/grammar.py); the gateway
 converts every schema before routing (gateway/structured.py), so a schema the workers would
 refuse is refused there, as a 400 naming its field. What a worker still refuses it refuses
-with a FieldError, whose field travels in the status's trailing metadata. xgrammar is imported on first use (it
-imports torch): importing this module costs nothing.
+with a FieldError, whose field travels in the status's trailing metadata. xgrammar is
+imported on first use (it imports torch): importing this module costs nothing.
 """
 from __future__ import annotations
 
