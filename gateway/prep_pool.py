@@ -17,9 +17,11 @@ nothing does, and a process can be stopped.
 Children are forked from multiprocessing's fork server, which is started once per gateway
 process (by exec, so no thread of the gateway is copied) with the preparation modules
 imported; a new child is ready in about 0.3 s: it unpickles the served tokenizer into its
-own PromptBuilder. Each child holds its own caches of recent sessions (the tokenized pieces,
-gateway/piece_cache.py; the block hashes, gateway/prefix_hashes.py), so a job goes to the
-child its session's key (`affinity`) maps to when that one is free, else to any free one.
+own PromptBuilder. As in any multiprocessing program, a child imports the gateway process's
+main module: it must do nothing on import (`python -m gateway`'s does nothing). Each child
+holds its own caches of recent sessions (the tokenized pieces, gateway/piece_cache.py; the
+block hashes, gateway/prefix_hashes.py), so a job goes to the child its session's key
+(`affinity`) maps to when that one is free, else to any free one.
 
 One job: the parent sends (fn, args) over the child's socket (asyncio streams: no thread, no
 blocking call on the loop) and waits for the answer; before each costly step the child notes
@@ -53,8 +55,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Imported by the fork server before it forks any child (besides the tokenizer's module).
-PRELOAD = ("gateway.prepare", "gateway.tokenize_api", "gateway.grpc_front", "jsonschema",
-           "xgrammar")
+PRELOAD = ("gateway.server", "gateway.prepare", "gateway.tokenize_api", "gateway.grpc_front",
+           "jsonschema", "xgrammar")
 _READY_TIMEOUT_S = 120.0  # a child's start: the fork server's first start imports torch
 
 
