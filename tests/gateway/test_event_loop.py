@@ -17,7 +17,10 @@ from gateway.prompts import PromptBuilder
 from tests.gateway.conftest import MODEL, Behavior, FakeWorker, running_gateway
 from tests.gateway.hostile import Stalls, deep_one_of_body, many_tools_body, measure
 
-PACE = 0.05
+# A token every 0.2 s: the bound is then about 0.5 s. The stalls this test is about last
+# seconds (1.5 s to parse the schema's JSON, a minute to check it); a busy machine's
+# scheduler can hold the whole test process for a few hundred ms, which is not the gateway's.
+PACE = 0.2
 SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
@@ -65,7 +68,7 @@ HOSTILE = [("deep oneOf", deep_one_of_body(MODEL)), ("1,500 tools", many_tools_b
 async def test_hostile_requests_past_the_limits_get_400_and_stall_nothing(tool_prompts,
                                                                           paced_worker):
     async with running_gateway(tool_prompts, [paced_worker]) as gw:
-        stalls = await measure(gw.http_url, MODEL, HOSTILE)
+        stalls = await measure(gw.http_url, MODEL, HOSTILE, settle_s=1.0)
     assert_kept_pace(stalls, [(400, SCHEMA_PARAM), (400, "tools")])
 
 
@@ -79,6 +82,6 @@ async def test_within_raised_limits_the_work_runs_off_the_loop_until_its_deadlin
     raised = RequestLimits(max_tools=5000, max_schema_bytes=64 << 20, max_schema_depth=100)
     hostile = [("deep oneOf", deep_one_of_body(MODEL, depth=14)), HOSTILE[1]]
     async with running_gateway(tool_prompts, [paced_worker], limits=raised,
-                               prep_timeout_s=5.0) as gw:
-        stalls = await measure(gw.http_url, MODEL, hostile)
+                               prep_timeout_s=8.0) as gw:
+        stalls = await measure(gw.http_url, MODEL, hostile, settle_s=1.0)
     assert_kept_pace(stalls, [(400, SCHEMA_PARAM), (400, "messages")])

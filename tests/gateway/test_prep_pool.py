@@ -37,7 +37,9 @@ def dying_job(ctx: PrepContext) -> None:
 
 @pytest.fixture
 async def pool(prompts):
-    pool = PrepPool(prompts, SETTINGS, processes=2, timeout_s=1.0)
+    # 3 s: a job's deadline, and the longest wait for a free child (a replacement starts in
+    # about 0.3 s, seconds on a busy machine)
+    pool = PrepPool(prompts, SETTINGS, processes=2, timeout_s=3.0)
     await pool.start()
     yield pool
     await pool.close()
