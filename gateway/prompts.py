@@ -8,7 +8,9 @@ OpenAI clients send shapes they do not expect:
   mapping, so valid JSON objects are parsed, anything else stays text.
 Tools go to `apply_chat_template(tools=...)`. The template is the tokenizer's, or the one
 gateway/chat_templates.py chose (`--chat-template`, or a shipped tool-aware one); whether it
-drops tools is found out once (`tools_ignored`) so the gateway can say so.
+drops tools is found out once (`tools_ignored`) so the gateway can say so. Requests are
+templated and tokenized in the preparation pool's processes (gateway/prep_pool.py), each with
+its own PromptBuilder (pickled over: the tokenizer, the limit and the template).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 from gateway.chat_templates import resolve_chat_template, tools_ignored
 from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
+
 
 class PromptError(RequestError):
     """The prompt cannot be rendered or tokenized; `param` names the offending field."""
