@@ -18,9 +18,8 @@ from enum import Enum
 from pathlib import Path
 
 from baton.flagspec import flag
-
-# The environment variable holding the API key when --api-key is not given.
-API_KEY_ENV = "BATON_API_KEY"
+from baton.request_limits import RequestLimits
+from baton.roles import API_KEY_ENV  # the key's environment variable when --api-key is absent
 # gateway/tool_parsers.py's TOOL_PARSERS names (a test keeps the two equal).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 
@@ -108,6 +107,10 @@ class GatewayConfig:
     tool calls are read from the output when a request offers tools (gateway/tool_parsers.py).
     slo_ttft_ms: a TTFT SLO; a request whose predicted TTFT exceeds it gets 429
     slo_unattainable before any work (gateway/admission.py). None = off.
+    prep_processes / prep_timeout_s: the processes that prepare requests (parse, template,
+    tokenize, check schemas) off the event loop, and how long one request's preparation may
+    take (then a 400 naming the field it was on; gateway/prep_pool.py). limits: what one
+    request may carry (tools, schema bytes and depth; baton/request_limits.py).
     """
 
     model: str = flag("smollm2-135m", "registered name or Hugging Face model folder")
@@ -157,6 +160,12 @@ class GatewayConfig:
     slo_ttft_ms: float | None = flag(
         None, "TTFT SLO: answer 429 slo_unattainable (Retry-After) at arrival when the "
               "workers' queues make it unattainable (default: off)")
+    prep_processes: int = flag(
+        2, "processes that parse, template, tokenize and check requests (the event loop only "
+           "relays)")
+    prep_timeout_s: float = flag(
+        10.0, "longest preparation of one request (then 400 naming the field)")
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -165,10 +174,11 @@ class GatewayConfig:
             raise ValueError("no decode workers: give --decode ADDR[,ADDR] or --workers-file")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if self.max_inflight < 1 or self.max_attempts < 1:
-            raise ValueError("max_inflight and max_attempts must be >= 1")
+        if self.max_inflight < 1 or self.max_attempts < 1 or self.prep_processes < 1:
+            raise ValueError("max_inflight, max_attempts and prep_processes must be >= 1")
         if min(self.poll_interval_s, self.rpc_timeout_s, self.dns_refresh_s,
-               self.first_token_timeout_s, self.stream_idle_timeout_s) <= 0:
+               self.first_token_timeout_s, self.stream_idle_timeout_s,
+               self.prep_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s must be >= 0")

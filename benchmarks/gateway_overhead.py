@@ -60,6 +60,28 @@ def start(cmd: list[str], env: dict) -> tuple[subprocess.Popen, str]:
     return proc, line
 
 
+def child_env() -> dict:
+    """This process's environment for the children: the repository importable, one thread."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1"}
+
+
+def start_gateway(model: str, decode: str, env: dict, *flags: str
+                  ) -> tuple[subprocess.Popen, int]:
+    """`python -m gateway` on any free port in front of `decode`: (process, HTTP port)."""
+    proc, line = start([sys.executable, "-m", "gateway", "--model", model, "--decode", decode,
+                        "--port", "0", "--log-level", "warning", *flags], env)
+    return proc, int(line.split(" on http://127.0.0.1:")[1].split()[0].rstrip(","))
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the processes, last started first."""
+    for proc in reversed(procs):
+        proc.terminate()
+        proc.wait(10)
+
+
 class RawHTTP:
     """One keep-alive HTTP/1.1 connection; returns seconds until the first content event."""
 
@@ -180,9 +202,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--max-tokens", type=int, default=4)
     args = p.parse_args()
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}
+    env = child_env()
     procs = []
     try:
         from transformers import AutoTokenizer
@@ -194,17 +214,13 @@ def main() -> int:
             proc, decode = start([sys.executable, "-m", "tests.gateway.fake_decode",
                                   "--tokens", str(args.max_tokens)], env)
             procs.append(proc)
-        proc, line = start([sys.executable, "-m", "gateway", "--model", args.model,
-                            "--decode", decode, "--port", "0", "--log-level", "warning"], env)
+        proc, port = start_gateway(args.model, decode, env)
         procs.append(proc)
-        port = int(line.split(" on http://127.0.0.1:")[1].split()[0].rstrip(","))
         time.sleep(1.0)  # first health/stats poll
         import uvloop
         uvloop.run(run(args, tokenizer, port, decode))
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(10)
+        stop(procs)
     return 0
 
 

@@ -2,7 +2,8 @@
 receiver, the prefill peers, the metrics, a way to run a task in the background (a remote
 phase that must outlive its caller, a hold's release, a ReleaseBlocks) and the P/D chooser
 (decode_service/pd_choice.py: local or remote prefill, per request). The worker
-builds one DecodeContext and hands it to every sequence; nothing here knows of either.
+builds one DecodeContext and hands it to every sequence; nothing here knows of either. A
+background task that fails unexpectedly is logged at WARNING with its request id.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 from baton.transfer import KVReceiver
+from baton.worker.process import Rejected
 from decode_service.config import DecodeConfig
 from decode_service.metrics import DecodeMetrics
 from decode_service.pd_choice import PDChooser
@@ -26,27 +28,41 @@ class DecodeContext:
     receiver: KVReceiver
     peers: PrefillPeers
     metrics: DecodeMetrics
-    spawn: Callable[[Coroutine], asyncio.Task]
+    spawn: Callable[[Coroutine, str], asyncio.Task]  # (coroutine, request id)
     pd: PDChooser
 
 
+# What a background task may end in without anything being wrong: the request was refused
+# (its caller, if still there, reports it).
+EXPECTED = (ValueError, Rejected)
+
+
 class BackgroundTasks:
-    """Tasks kept alive until done; an exception is logged, not lost."""
+    """Tasks kept alive until done. One that fails unexpectedly (a hold not released would
+    leak its blocks) is logged at WARNING with its request id and traceback; an expected
+    refusal (EXPECTED) at DEBUG."""
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task] = set()
 
-    def spawn(self, coro: Coroutine) -> asyncio.Task:
+    def spawn(self, coro: Coroutine, request_id: str) -> asyncio.Task:
+        """Run `coro` for request `request_id` in the background."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(lambda t: self._done(t, request_id))
         return task
 
     def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()
 
-    def _done(self, task: asyncio.Task) -> None:
+    def _done(self, task: asyncio.Task, request_id: str) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("background task ended: %r", task.exception())
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        extra = {"request_id": request_id, "task": task.get_coro().__qualname__}
+        if isinstance(error, EXPECTED):
+            log.debug("background task refused: %r", error, extra=extra)
+        else:
+            log.warning("background task failed: %r", error, extra=extra,
+                        exc_info=(type(error), error, error.__traceback__))

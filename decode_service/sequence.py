@@ -124,7 +124,7 @@ class DecodeSequence:
         except BaseException as exc:
             self.engine.close_stream(self.seq_id)
             if isinstance(exc, asyncio.CancelledError):  # the add may still land: undo it
-                self.ctx.spawn(self.engine.abort(self.seq_id))
+                self.ctx.spawn(self.engine.abort(self.seq_id), self.seq_id)
             self._to(S.FINISHED)
             raise
         if plan is None:
@@ -133,7 +133,7 @@ class DecodeSequence:
                 self.ctx.metrics.remote_prefills.labels("local").inc()
         else:
             self._to(S.REMOTE_KV)
-            task = self.ctx.spawn(self._remote_phase(peer, plan))
+            task = self.ctx.spawn(self._remote_phase(peer, plan), self.seq_id)
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -180,7 +180,7 @@ class DecodeSequence:
         self.remote = result
         if result.response is not None and \
                 result.response.status == prefill_pb2.PREFILL_STATUS_OK:
-            ctx.spawn(ctx.peers.release(peer, self.seq_id))  # fire and forget: lease ends
+            ctx.spawn(ctx.peers.release(peer, self.seq_id), self.seq_id)  # lease ends
         await self._apply(peer, result)
 
     async def _apply(self, peer: PrefillPeer, result: RemoteResult) -> None:
@@ -245,7 +245,7 @@ class DecodeSequence:
                     "stopped", extra={"request_id": self.seq_id, "peer": q.peer.address,
                                       "seconds": round(q.until - time.monotonic(), 3)})
         self.ctx.metrics.quarantines.inc()
-        self.ctx.spawn(q.run(self.engine, self.remote_kv, self.ctx))
+        self.ctx.spawn(q.run(self.engine, self.remote_kv, self.ctx), self.seq_id)
 
     # ---- streaming and stopping ----------------------------------------------------------
     async def outputs(self) -> AsyncIterator[StepOutput]:

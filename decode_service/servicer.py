@@ -1,7 +1,8 @@
 """DecodeService over gRPC: protos in, worker calls, protos out; errors → status codes.
 
     Generate  DecodeWorker.generate streams TokenChunk*, then Finished × n. Errors before the
-              first message end the call with a status (INVALID_ARGUMENT, ALREADY_EXISTS,
+              first message end the call with a status (INVALID_ARGUMENT, naming the refused
+              field in the trailing metadata when known (FieldError), ALREADY_EXISTS,
               FAILED_PRECONDITION for a KV layout mismatch with the prefill worker,
               UNAVAILABLE); later failures arrive as Finished{ERROR}. A cancelled call aborts.
     Abort     DecodeWorker.abort: the stream ends with Finished{ABORT}
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import grpc
 
+from baton.json_schema import FieldError
 from baton.worker.process import Rejected
 from baton.worker.stats_rpc import StatsRpc
 from decode_service.worker import DecodeWorker
@@ -43,7 +45,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
             if sent:
                 raise
             code = e.code if isinstance(e, Rejected) else grpc.StatusCode.INVALID_ARGUMENT
-            await context.abort(code, str(e))
+            field = e.trailing_metadata() if isinstance(e, FieldError) else ()
+            await context.abort(code, str(e), trailing_metadata=field)
 
     async def Abort(self, request: common_pb2.AbortRequest, context):
         return common_pb2.AbortResponse(found=await self.worker.abort(request.request_id))

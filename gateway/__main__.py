@@ -2,7 +2,10 @@
 
     main(argv) → parse_args → GatewayConfig → run_process(start, log_level)
     (baton/worker/process.py, as the workers: JSON logs, uvloop, SIGTERM/SIGINT → stop event)
-      start: Gateway(config).start(); prints `[gateway] serving ...` (for people), then
+      start: Gateway(config).start(); the heap built so far (transformers, torch, the
+             tokenizer: millions of objects) is moved out of the garbage collector's sight
+             (`gc.freeze()`), else each full collection walks it and stalls every stream
+             for 0.1-1 s; prints `[gateway] serving ...` (for people), then
              run_process prints `READY port=<HTTP port>` (for launchers); a failed start
              prints `[gateway] failed to start: ...` and the process exits with status 1
       on the stop event: Gateway.stop(): /health and new requests 503 (Retry-After),
@@ -11,6 +14,7 @@
 """
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -46,12 +50,20 @@ async def start(config: GatewayConfig) -> _Serving:
         print(f"[gateway] failed to start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         await gateway.stop()
         raise StartFailed from e
+    freeze_heap()
     grpc_note = f", gRPC on {gateway.grpc_address}" if gateway.grpc_address else ""
     auth = "API key required" if config.api_key else "no API key"  # never the key itself
     print(f"[gateway] serving {config.served_model_name} on {gateway.http_url}{grpc_note} "
           f"(routing {config.router.policy.value}; decode {','.join(config.decode) or '-'}; "
           f"prefill {','.join(config.prefill) or '-'}; {auth})", flush=True)
     return _Serving(gateway)
+
+
+def freeze_heap() -> None:
+    """Collect once, then exempt every object alive now from later collections (what lives
+    from start-up lives for good); new objects are collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:

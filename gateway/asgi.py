@@ -7,7 +7,8 @@
 - `SSEResponse`: sends events while watching for the client to leave; when it leaves, the
   producer is cancelled and the generators are closed in order, so the decode Generate call
   is cancelled right away (not when the garbage collector gets to it). At the shutdown
-  deadline it ends the stream itself: an error event, then `data: [DONE]`.
+  deadline it ends the stream itself: an error event, then `data: [DONE]`; a bug in the
+  producer ends it the same way (every stream ends with `data: [DONE]`).
 - `until_disconnect`: the same for non-streaming requests (503 at the shutdown deadline).
 """
 from __future__ import annotations
@@ -197,6 +198,6 @@ class SSEResponse(StreamingResponse):
             logger.exception("stream failed")
             body = error_body(500, f"internal error while streaming: {type(e).__name__}")
             await send({"type": "http.response.body", "more_body": True,
-                        "body": b"data: " + json.dumps(body).encode() + b"\n\n"})
+                        "body": b"data: " + json.dumps(body).encode() + b"\n\n" + DONE})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._completed = True

@@ -1,7 +1,7 @@
 """One request's trip through the workers; both fronts (HTTP and gRPC) use it.
 
     stream(request):
-      1. block hashes of the prompt (for KV-aware routing)
+      1. the prompt's block hashes (for KV-aware routing) came with it (gateway/prepare.py)
       2. route → decode (+ prefill) worker; with --slo-ttft-ms, predict the TTFT from their
          queues and answer 429 slo_unattainable before any work when it cannot be met
          (gateway/admission.py: Mooncake's early rejection); Generate(prompt, params,
@@ -9,6 +9,7 @@
       3. wait for the first message (a deadline for all attempts together); if the call fails
          or times out before it, try the next worker (nothing was streamed yet, so a retry is
          invisible), up to max_attempts; INVALID_ARGUMENT is the request's fault: no retry
+         (a 400 naming the request's field when the worker named its own: FieldError)
       4. relay every message; a call that breaks or goes quiet after that ends each open
          completion with Finished{ERROR} (never a silent hang)
       5. closing the iterator early (the client left) cancels the Generate call, which aborts
@@ -24,11 +25,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from baton.json_schema import FIELD_METADATA, STRUCTURED_OUTPUT_FIELD
 from gateway.admission import SLOAdmission, Ticket
 from gateway.config import GatewayConfig, PrefillModeChoice, RoutingPolicy
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_hashes import SessionHashCache
 from gateway.router import RouteDecision, Router
 from gateway.session_hints import SessionHints, request_fields
 from gateway.workers import DECODE, PREFILL, Worker, WorkerPool
@@ -48,10 +49,14 @@ class TokenizedRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: common_pb2.SamplingParams
+    block_hashes: list[int]  # of the prompt's full blocks, for KV-aware routing ([]: none)
     session_id: str = ""
     arrival: float = field(default_factory=time.monotonic)
     parent_session_id: str = ""  # the session that spawned this one (gateway/sessions.py)
     session_hints: SessionHints = SessionHints()  # TTL, last turn (gateway/session_hints.py)
+    # The field the structured output came from (response_format.json_schema.schema, tools),
+    # named when a worker refuses it (a FieldError's trailing metadata).
+    structured_param: str | None = None
 
     @property
     def n(self) -> int:
@@ -66,7 +71,6 @@ class Dispatcher:
         self.router = router
         self.metrics = metrics
         self.inflight = 0
-        self._hashes = SessionHashCache()
         self.admission = SLOAdmission(config.slo_ttft_ms / 1e3) \
             if config.slo_ttft_ms is not None else None
 
@@ -94,15 +98,16 @@ class Dispatcher:
             self.inflight -= 1
             self.metrics.inflight.dec()
 
-    def block_hashes(self, token_ids: list[int], session_id: str = "") -> list[int]:
+    def hash_block_size(self) -> int | None:
+        """The block size prompts are hashed by for routing (None: they are not; round-robin
+        routing, or no worker has told its block size yet)."""
         if self.config.router.policy is RoutingPolicy.ROUND_ROBIN:
-            return []
-        block_size = self.config.block_size or self.pool.block_size()
-        return self._hashes.hashes(token_ids, block_size, session_id) if block_size else []
+            return None
+        return self.config.block_size or self.pool.block_size() or None
 
     # ---- before the first message --------------------------------------------------------
     async def _start(self, request: TokenizedRequest, admitted: list[Ticket]):
-        hashes = self.block_hashes(request.prompt_token_ids, request.session_id)
+        hashes = request.block_hashes
         deadline = request.arrival + self.config.first_token_timeout_s
         tried: list[str] = []
         last_error: GatewayError | None = None
@@ -136,7 +141,7 @@ class Dispatcher:
                                           f"{self.config.first_token_timeout_s:g} s",
                                           code="timeout")
             except grpc.aio.AioRpcError as e:
-                last_error = self._rpc_error(worker, e)
+                last_error = self._rpc_error(worker, e, request)
             except BaseException:
                 call.cancel()
                 worker.inflight -= 1
@@ -182,10 +187,13 @@ class Dispatcher:
             req.prefill_address = decision.prefill
         return req
 
-    def _rpc_error(self, worker: Worker, e: grpc.aio.AioRpcError) -> GatewayError:
+    def _rpc_error(self, worker: Worker, e: grpc.aio.AioRpcError,
+                   request: TokenizedRequest) -> GatewayError:
         code, details = e.code(), e.details() or e.code().name
         if code in _CLIENT_FAULT:
-            return GatewayError(400, details, code="invalid_request")
+            field = dict(e.trailing_metadata() or ()).get(FIELD_METADATA)
+            param = request.structured_param if field == STRUCTURED_OUTPUT_FIELD else None
+            return GatewayError(400, details, param=param, code="invalid_request")
         if code == _C.RESOURCE_EXHAUSTED:
             return GatewayError(429, f"decode worker overloaded: {details}",
                                 code="rate_limit_exceeded", retry_after=1)

@@ -10,6 +10,8 @@ from http import HTTPStatus
 
 import grpc
 
+from baton.request_limits import RequestError  # noqa: F401  (re-exported: the gateway's)
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           404: "invalid_request_error", 405: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error"}
@@ -32,6 +34,10 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
 
+    def __reduce__(self):  # pickled across the preparation pool (gateway/prep_pool.py)
+        return _gateway_error, (self.status, self.message, self.param, self.code,
+                                self.retry_after)
+
     @property
     def type(self) -> str:
         return _TYPES.get(self.status, "server_error")
@@ -47,6 +53,11 @@ class GatewayError(Exception):
     @property
     def grpc_code(self) -> grpc.StatusCode:
         return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
+
+
+def _gateway_error(status: int, message: str, param: str | None, code: str | None,
+                   retry_after: float | None) -> GatewayError:
+    return GatewayError(status, message, param=param, code=code, retry_after=retry_after)
 
 
 def error_body(status: int, message: str, param: str | None = None,

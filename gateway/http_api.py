@@ -2,12 +2,15 @@
 
 A request's life here:
   1. `Guard` (gateway/asgi.py): API key, body size, arrival time.
-  2. FastAPI + pydantic parse the body (bad JSON / types → 400 in OpenAI's error shape).
-  3. model check (404); unknown fields logged and named in a header (gateway/ignored_fields.py);
-     template + tokenize (gateway/prompts.py; tools the template drops → a warning, logged
-     once and sent as X-Baton-Warning), context check (400), SamplingParams
-     (gateway/protocol.py) → a `TokenizedRequest` per prompt (several prompts in
-     /v1/completions run as separate requests merged into one answer: gateway/batch.py).
+  2. The raw body goes to the preparation pool (gateway/prep_pool.py: other processes, so
+     nothing proportional to the request's size runs on this event loop): parse (bad JSON /
+     types → 400 in OpenAI's error shape, naming the field), model check (404), limits,
+     template + tokenize, context check, SamplingParams and schema checks
+     (gateway/prepare.py); past --prep-timeout-s a 400 naming the field it was on.
+  3. Here: unknown fields logged and named in a header (gateway/ignored_fields.py); tools the
+     template drops → a warning, logged once and sent as X-Baton-Warning; a
+     `TokenizedRequest` per prompt (several prompts in /v1/completions run as separate
+     requests merged into one answer: gateway/batch.py).
   4. `Dispatcher.stream(job)` routes and relays the decode worker's messages. For a stream the
      first message is awaited before answering, so routing failures still get a real status
      (429/503/504 with Retry-After); after that, failures are SSE error events.
@@ -19,7 +22,6 @@ and [DONE], a request not yet answered with the same 503.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 import uuid
@@ -31,32 +33,28 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.asgi import ARRIVAL_KEY, ClientGone, Guard, SSEResponse, until_disconnect
-from gateway.batch import merge_streams, prompt_list
+from gateway.batch import merge_streams
 from gateway.chat_templates import TOOLS_IGNORED, WARNING_HEADER, warn_tools_ignored
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, TokenizedRequest
 from gateway.drain import Drain
-from gateway.errors import GatewayError, error_body, require_model, status_phrase
-from gateway.ignored_fields import IgnoredFieldLog, ignored_fields, ignored_header
+from gateway.errors import GatewayError, error_body, status_phrase
+from gateway.ignored_fields import IgnoredFieldLog, ignored_header
 from gateway.metrics import GatewayMetrics
-from gateway.prompts import PromptBuilder, PromptError, off_loop_if_large
-from gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    RequestError,
-    to_sampling_params,
-)
+from gateway.prep_pool import PrepPool
+from gateway.prepare import Prepared, Routing, prepare_chat, prepare_completion, validation_error
+from gateway.prompts import PromptBuilder
 from gateway.responses import OutputSpec, collect, sse_events
-from gateway.session_hints import SessionRoutes, parse_session_hints
+from gateway.session_hints import SessionRoutes
 from gateway.sessions import session_keys
 from gateway.tokenize_api import TokenizeRoutes
-from gateway.tool_parsers import TOOL_PARSERS
 from gateway.worker_metrics import Target, metrics_url, scrape
 from gateway.workers import DECODE, PREFILL, WorkerPool
 
 
-def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-               pool: WorkerPool, metrics: GatewayMetrics, drain: Drain) -> FastAPI:
+def create_app(config: GatewayConfig, prompts: PromptBuilder, prep: PrepPool,
+               dispatcher: Dispatcher, pool: WorkerPool, metrics: GatewayMetrics,
+               drain: Drain) -> FastAPI:
     """The gateway's FastAPI app: Guard in front, the OpenAI routes, vLLM's /tokenize family,
     health, metrics; errors in OpenAI's shape."""
     app = FastAPI(title="Baton gateway", docs_url=None, redoc_url=None, openapi_url=None)
@@ -64,31 +62,31 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispat
                        metrics=metrics, drain=drain)
     _add_error_handlers(app)
     ignored = IgnoredFieldLog()
-    routes = Routes(config, prompts, dispatcher, pool, metrics, drain, ignored)
+    routes = Routes(config, prompts, prep, dispatcher, pool, metrics, drain, ignored)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
     app.add_api_route("/metrics/workers", routes.worker_metrics_text, methods=["GET"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
-    TokenizeRoutes(prompts, routes.model_names, ignored, pool.kv_dtypes).add_to(app)
+    TokenizeRoutes(prompts.max_model_len, prep, ignored, pool.kv_dtypes).add_to(app)
     SessionRoutes(dispatcher.router, pool, config.rpc_timeout_s).add_to(app)
     return app
 
 
 class Routes:
-    def __init__(self, config: GatewayConfig, prompts: PromptBuilder, dispatcher: Dispatcher,
-                 pool: WorkerPool, metrics: GatewayMetrics, drain: Drain,
-                 ignored: IgnoredFieldLog) -> None:
+    def __init__(self, config: GatewayConfig, prompts: PromptBuilder, prep: PrepPool,
+                 dispatcher: Dispatcher, pool: WorkerPool, metrics: GatewayMetrics,
+                 drain: Drain, ignored: IgnoredFieldLog) -> None:
         self.config = config
         self.prompts = prompts
+        self.prep = prep
         self.dispatcher = dispatcher
         self.pool = pool
         self.metrics = metrics
         self.drain = drain
         self.ignored = ignored
         self.started = int(time.time())
-        self.model_names = {config.served_model_name, config.model}
 
     async def health(self) -> JSONResponse:
         counts = {role: {"healthy": self.pool.num_healthy(role),
@@ -118,52 +116,41 @@ class Routes:
             "owned_by": "baton", "root": self.config.model,
             "max_model_len": self.prompts.max_model_len}]})
 
-    async def chat(self, body: ChatCompletionRequest, request: Request):
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 1024
-                   for m in messages)
-        parser = self.config.tool_call_parser if body.parse_tool_calls else None
-        if parser and TOOL_PARSERS[parser].special_markers:
-            body.skip_special_tokens = False  # else the format's marker never reaches the parser
+    async def chat(self, request: Request):
+        prepared = await self._prepare(request, prepare_chat)
         warning = None
-        if tools and self.prompts.tools_ignored:
+        if prepared.offered_tools and self.prompts.tools_ignored:
             warn_tools_ignored()
             warning = TOOLS_IGNORED
-        return await self._run(request, body, "chat", [lambda: self.prompts.chat_token_ids(
-            messages, tools, body.add_generation_prompt)], size, parser, warning)
+        return await self._run(request, prepared, "chat", warning)
 
-    async def completions(self, body: CompletionRequest, request: Request):
-        try:
-            prompts = prompt_list(body.prompt)
-        except RequestError as e:
-            raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
-        size = sum(len(p) for p in prompts if isinstance(p, str))
-        return await self._run(request, body, "completion",
-                               [functools.partial(self._completion_ids, p) for p in prompts],
-                               size)
+    async def completions(self, request: Request):
+        prepared = await self._prepare(request, prepare_completion)
+        return await self._run(request, prepared, "completion")
 
-    def _completion_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.prompts.text_token_ids(prompt)
-        return self.prompts.check_token_ids(list(prompt))
+    async def _prepare(self, request: Request, job) -> Prepared:
+        """`job` (gateway/prepare.py) on the body in the preparation pool, by the child of
+        the session its headers name."""
+        headers = dict(request.headers)
+        raw = await request.body()
+        return await self.prep.run(job, raw, Routing(headers, self.dispatcher.hash_block_size()),
+                                   affinity=session_keys(headers.get).session_id or None)
 
-    async def _run(self, request: Request, body, kind: str, ids_fns: list, size: int,
-                   tool_parser: str | None = None, warning: str | None = None):
-        """Template/tokenize each prompt, check, dispatch; stream or collect the answer."""
-        require_model(body.model, self.model_names)
-        ignored = sorted(ignored_fields(body, stream_options=body.stream_options)
-                         + body.unenforced_fields)
-        self.ignored.note(request.url.path, ignored)
-        headers = ignored_header(ignored) | ({WARNING_HEADER: warning} if warning else {})
+    async def _run(self, request: Request, prepared: Prepared, kind: str,
+                   warning: str | None = None):
+        """Dispatch the prepared prompts; stream or collect the answer."""
+        view = prepared.view
+        self.ignored.note(request.url.path, list(prepared.ignored))
+        headers = ignored_header(list(prepared.ignored)) | (
+            {WARNING_HEADER: warning} if warning else {})
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        jobs = await off_loop_if_large(size, self._jobs, request, body, rid, ids_fns)
-        spec = OutputSpec(kind, rid, body.model, int(time.time()), body.n,
-                          sum(len(j.prompt_token_ids) for j in jobs), body.num_logprobs,
-                          tool_parser, body.include_usage, num_prompts=len(jobs))
+        jobs = _jobs(request, rid, prepared)
+        spec = OutputSpec(kind, rid, view.model, int(time.time()), view.n,
+                          sum(len(j.prompt_token_ids) for j in jobs), view.num_logprobs,
+                          prepared.tool_parser, view.include_usage, num_prompts=len(jobs))
         messages = self.dispatcher.stream(jobs[0]) if len(jobs) == 1 else merge_streams(
-            [self.dispatcher.stream(j) for j in jobs], body.n)
-        if body.stream:
+            [self.dispatcher.stream(j) for j in jobs], view.n)
+        if view.stream:
             return await _stream(request, spec, messages, self.prompts, self.metrics,
                                  self.drain.expired, headers)
         try:
@@ -177,25 +164,17 @@ class Routes:
             await messages.aclose()
         return JSONResponse(result, headers=headers)
 
-    def _jobs(self, request: Request, body, rid: str, ids_fns: list) -> list[TokenizedRequest]:
-        """One TokenizedRequest per prompt (GatewayError 400 naming the prompt and field)."""
-        arrival = request.scope.get(ARRIVAL_KEY, time.monotonic())
-        session = session_keys(request.headers.get, body.user)
-        hints = parse_session_hints(request.headers.get, body.kv_retention, session.session_id)
-        jobs = []
-        for i, ids_fn in enumerate(ids_fns):
-            try:
-                ids = ids_fn()
-                params = to_sampling_params(body, body.num_logprobs, len(ids),
-                                            self.prompts.max_model_len, self.prompts.vocab_size)
-            except (PromptError, RequestError) as e:
-                where = f"prompt {i}: " if len(ids_fns) > 1 else ""
-                raise GatewayError(400, where + str(e), param=e.param,
-                                   code="invalid_request") from e
-            jobs.append(TokenizedRequest(rid if len(ids_fns) == 1 else f"{rid}-{i}", ids,
-                                         params, session.session_id, arrival,
-                                         session.parent_session_id, hints))
-        return jobs
+
+
+def _jobs(request: Request, rid: str, prepared: Prepared) -> list[TokenizedRequest]:
+    """One TokenizedRequest per prepared prompt."""
+    arrival = request.scope.get(ARRIVAL_KEY, time.monotonic())
+    session, many = prepared.session, len(prepared.prompts) > 1
+    return [TokenizedRequest(f"{rid}-{i}" if many else rid, p.prompt_token_ids, p.params,
+                             p.block_hashes, session.session_id, arrival,
+                             session.parent_session_id, prepared.hints,
+                             prepared.structured_param)
+            for i, p in enumerate(prepared.prompts)]
 
 
 async def _stream(request: Request, spec: OutputSpec, messages: AsyncIterator,
@@ -244,16 +223,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        first = errors[0] if errors else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        if first.get("type") == "json_invalid":
-            message, param = "Request body is not valid JSON.", None
-        else:
-            param = ".".join(loc) or None
-            message = f"{first.get('msg', 'invalid request')}" + (f" ({param})" if param else "")
-        return JSONResponse(error_body(400, message, param, "invalid_request"), status_code=400)
+    async def validation_error_handler(request: Request, e: RequestValidationError
+                                       ) -> JSONResponse:
+        error = validation_error(e.errors())
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:

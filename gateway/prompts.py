@@ -8,33 +8,24 @@ OpenAI clients send shapes they do not expect:
   mapping, so valid JSON objects are parsed, anything else stays text.
 Tools go to `apply_chat_template(tools=...)`. The template is the tokenizer's, or the one
 gateway/chat_templates.py chose (`--chat-template`, or a shipped tool-aware one); whether it
-drops tools is found out once (`tools_ignored`) so the gateway can say so.
+drops tools is found out once (`tools_ignored`) so the gateway can say so. Requests are
+templated and tokenized in the preparation pool's processes (gateway/prep_pool.py), each with
+its own PromptBuilder (pickled over: the tokenizer, the limit and the template).
 """
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gateway.chat_templates import resolve_chat_template, tools_ignored
+from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
 
-T = TypeVar("T")
 
-# Inputs longer than this (characters, or ids) are templated and tokenized on a thread, so
-# one huge agent context does not stall every other stream on the event loop.
-THREAD_CHARS = 16_384
-
-
-class PromptError(ValueError):
+class PromptError(RequestError):
     """The prompt cannot be rendered or tokenized; `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class PromptBuilder:
@@ -48,6 +39,9 @@ class PromptBuilder:
         self.encoder = PieceTokenizer(tokenizer)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+
+    def __reduce__(self):  # to the preparation pool's children: the tokenizer, not the caches
+        return type(self), (self.tokenizer, self.max_model_len, self.chat_template)
 
     @classmethod
     def from_folder(cls, folder: str | Path, max_model_len: int | None = None,
@@ -124,11 +118,6 @@ class PromptBuilder:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
-
-
-async def off_loop_if_large(size: int, fn: Callable[..., T], *args) -> T:
-    """fn(*args), on a thread when `size` (characters or ids) exceeds THREAD_CHARS."""
-    return await asyncio.to_thread(fn, *args) if size > THREAD_CHARS else fn(*args)
 
 
 def message_text(content: Any) -> str:

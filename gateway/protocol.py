@@ -6,7 +6,8 @@ naming the field. vLLM's extensions `top_k`, `min_p`, `ignore_eos`, `min_tokens`
 `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens` are accepted too, as
 are the penalties (`presence_penalty`, `frequency_penalty`, vLLM's `repetition_penalty`) and
 `logit_bias`, which the workers apply. `response_format` and a forced `tool_choice` become a
-StructuredOutput the workers decode under (gateway/structured.py).
+StructuredOutput the workers decode under (gateway/structured.py); its schemas and the tools
+are bounded by gateway/limits.py.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from baton.sampling_params import MAX_LOGPROBS
 from gateway import structured
+from gateway.errors import RequestError
+from gateway.limits import RequestLimits
 from protos import common_pb2
 
 MAX_N = 128
@@ -116,20 +119,26 @@ class _Generation(Request):
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
 
-    def structured_output(self) -> common_pb2.StructuredOutput | None:
+    def structured_output(self, checker: structured.SchemaChecker
+                          ) -> common_pb2.StructuredOutput | None:
         """The grammar the output must follow, None for free text. RequestError: a bad
-        schema."""
+        schema (naming its field)."""
         fmt = self.response_format
         if fmt is None:
             return None
         if fmt.type == "json_schema" and fmt.json_schema is None:
             raise RequestError("response_format json_schema needs a json_schema object",
                                "response_format")
-        try:
-            return structured.from_response_format(
-                fmt.type, fmt.json_schema.schema_ if fmt.json_schema else None)
-        except ValueError as e:
-            raise RequestError(str(e), "response_format") from e
+        return structured.from_response_format(
+            fmt.type, fmt.json_schema.schema_ if fmt.json_schema else None, checker)
+
+    @property
+    def structured_param(self) -> str | None:
+        """The field the structured output comes from (None: there is none)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        return structured.SCHEMA_PARAM if fmt.type == "json_schema" else "response_format"
 
     @property
     def include_usage(self) -> bool:
@@ -166,14 +175,27 @@ class ChatCompletionRequest(_Generation):
     def parse_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
-    def structured_output(self) -> common_pb2.StructuredOutput | None:
+    @property
+    def structured_param(self) -> str | None:
+        """A forced call's schema comes from the tools, else response_format's."""
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tools"
+        return super().structured_param
+
+    def structured_output(self, checker: structured.SchemaChecker
+                          ) -> common_pb2.StructuredOutput | None:
         """A forced tool call (tool_choice "required" or named) before response_format."""
         tools = [(t.function.name, t.function.parameters) for t in self.tools or ()]
-        try:
-            forced = structured.from_tool_choice(tools, self.tool_choice)
-        except ValueError as e:
-            raise RequestError(str(e), "tool_choice") from e
-        return forced if forced is not None else super().structured_output()
+        forced = structured.from_tool_choice(tools, self.tool_choice, checker)
+        return forced if forced is not None else super().structured_output(checker)
+
+    def check_tools(self, limits: RequestLimits) -> None:
+        """RequestError naming the field: more tools than `limits` allow, or a tool whose
+        parameters are not an object schema or too large (gateway/structured.py)."""
+        limits.check_tools(len(self.tools or ()))
+        for i, tool in enumerate(self.tools or ()):
+            param = structured.parameters_param(i)
+            limits.schema_text(structured.object_schema(tool.function.parameters, param), param)
 
 
 class CompletionRequest(_Generation):
@@ -188,12 +210,6 @@ class CompletionRequest(_Generation):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
-
-
-class RequestError(ValueError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> list[tuple[int, float]]:
@@ -217,7 +233,8 @@ def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> list[tuple
 
 
 def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: int,
-                       max_model_len: int, vocab_size: int) -> common_pb2.SamplingParams:
+                       max_model_len: int, vocab_size: int,
+                       checker: structured.SchemaChecker) -> common_pb2.SamplingParams:
     """Request → proto SamplingParams; RequestError when the prompt and max_tokens do not fit."""
     room = max_model_len - prompt_len
     requested = body.requested_max_tokens
@@ -244,7 +261,7 @@ def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: 
         min_tokens=body.min_tokens, stop=stop, stop_token_ids=body.stop_token_ids or [],
         ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens)
-    so = body.structured_output()
+    so = body.structured_output(checker)
     if so is not None:
         params.structured_output.CopyFrom(so)
     if body.seed is not None:

@@ -175,8 +175,9 @@ def _final_choice(spec: OutputSpec, c: _Choice, token_text: TokenText) -> dict:
 # ---- SSE ---------------------------------------------------------------------------------------
 async def sse_events(spec: OutputSpec, messages: AsyncIterator,
                      token_text: TokenText) -> AsyncIterator[bytes]:
-    """The stream as SSE `data:` lines ending in `data: [DONE]`; an error becomes a
-    `data: {"error": ...}` event and the stream ends."""
+    """The stream as SSE `data:` lines ending in `data: [DONE]`; an error (a worker's
+    Finished ERROR or ABORT, the decode worker failing mid-stream) becomes a
+    `data: {"error": ...}` event, then `data: [DONE]`, and the stream ends."""
     choices = [_Choice(i, spec.tool_parser) for i in range(spec.num_choices)]
     chunk = _ChunkWriter(spec)
     if spec.chat:  # the role chunk goes out with the first token, in one write
@@ -203,6 +204,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
         f = msg.finished
         if (error := finished_error(f)) is not None:
             yield sse_error(error)
+            yield DONE  # every stream ends with [DONE], failed or not
             return
         c = choices[f.index]
         text, calls = c.parser.finish() if c.parser is not None else ("", [])

@@ -1,4 +1,6 @@
-"""Assembles one gateway: tokenizer, worker pool, router, dispatcher, HTTP app, gRPC front.
+"""Assembles one gateway: tokenizer, preparation pool (gateway/prep_pool.py: the processes
+that parse, check and tokenize requests), worker pool, router, dispatcher, HTTP app, gRPC
+front.
 
     gw = Gateway(config)          # or Gateway(config, prompts) with a tokenizer already loaded
     await gw.start()              # binds config.host:config.port (0 = any) and the gRPC port
@@ -27,6 +29,7 @@ from gateway.drain import Drain
 from gateway.grpc_front import ApiKeyInterceptor, GatewayServicer
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
+from gateway.prep_pool import PrepPool, PrepSettings
 from gateway.prompts import PromptBuilder
 from gateway.router import Router
 from gateway.workers import WorkerPool
@@ -65,6 +68,7 @@ class Gateway:
         self._grpc: grpc.aio.Server | None = None
         self._grpc_health: health.aio.HealthServicer | None = None
         self._janitor: asyncio.Task | None = None
+        self.prep: PrepPool | None = None
 
     @property
     def http_url(self) -> str:
@@ -79,6 +83,11 @@ class Gateway:
     async def start(self) -> None:
         if self.prompts is None:
             self.prompts = await asyncio.to_thread(self._load_prompts)
+        config = self.config
+        self.prep = PrepPool(self.prompts, PrepSettings(
+            frozenset({config.served_model_name, config.model}), config.tool_call_parser,
+            config.limits), config.prep_processes, config.prep_timeout_s)
+        await self.prep.start()
         await self.pool.start()
         if self.config.grpc_port is not None:
             await self._start_grpc()
@@ -94,7 +103,7 @@ class Gateway:
         key = self.config.api_key
         self._grpc = grpc.aio.server(interceptors=[ApiKeyInterceptor(key)] if key else None)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayServicer(self.config, self.prompts, self.dispatcher), self._grpc)
+            GatewayServicer(self.config, self.prep, self.dispatcher), self._grpc)
         self._grpc_health = health.aio.HealthServicer()
         await self._grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._grpc)
@@ -105,8 +114,8 @@ class Gateway:
         await self._grpc.start()
 
     async def _start_http(self) -> None:
-        app = create_app(self.config, self.prompts, self.dispatcher, self.pool, self.metrics,
-                         self.drain)
+        app = create_app(self.config, self.prompts, self.prep, self.dispatcher, self.pool,
+                         self.metrics, self.drain)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.create_server((self.config.host, self.config.port), family=family,
                                     backlog=2048)
@@ -136,6 +145,8 @@ class Gateway:
         if grpc_stop is not None:
             await grpc_stop
         await self.pool.close()
+        if self.prep is not None:
+            await self.prep.close()
 
     async def _drain_http(self, grace: float) -> None:
         self.drain.begin()

@@ -10,56 +10,90 @@
 A forced tool call is the grammar `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`
 (gateway/tool_calls.py parses it back into `tool_calls`), ARGS valid under the tool's
 `parameters`. It takes precedence over response_format (the answer is a call, not content).
-Schemas are checked against their JSON Schema meta-schema here (`jsonschema`), so a malformed
-one is a 400 before any worker sees it; a well-formed schema the workers' grammar library
-cannot compile comes back from them as INVALID_ARGUMENT, also a 400.
+
+Every schema is checked here, before any worker sees it, and a fault is a 400 whose `param`
+names the field (`response_format.json_schema.schema`, `tools[3].function.parameters`):
+its size and depth (gateway/limits.py), its JSON Schema meta-schema (`jsonschema`), then the
+workers' own conversion into a grammar (baton/json_schema.py: a `$ref` to a missing
+definition, `minimum` above `maximum`, an empty `enum`, an unsupported regex...). A tool's
+`parameters` must be an object schema (its `arguments` are a JSON object).
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 
+from baton.json_schema import grammar_from_json_schema
+from gateway.errors import RequestError
+from gateway.limits import RequestLimits
 from gateway.tool_calls import CLOSE, OPEN
 from protos import common_pb2
 
 _K = common_pb2
+SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
-def from_response_format(kind: str, schema: Any) -> common_pb2.StructuredOutput | None:
-    """kind: response_format.type; schema: json_schema.schema (json_schema only). ValueError:
-    a missing or malformed schema."""
+def parameters_param(index: int) -> str:
+    """The `param` of the index-th tool's parameters."""
+    return f"tools[{index}].function.parameters"
+
+
+@dataclass(frozen=True)
+class SchemaChecker:
+    """Checks schemas within `limits`; `note(param)` is told which field it starts on (the
+    preparation pool names it when its deadline passes: gateway/prep_pool.py)."""
+
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    note: Callable[[str], None] = lambda param: None
+
+    def checked(self, schema: Any, param: str) -> str:
+        """checked_schema(schema, param, limits), noted first."""
+        self.note(param)
+        return checked_schema(schema, param, self.limits)
+
+
+def from_response_format(kind: str, schema: Any,
+                         checker: SchemaChecker) -> common_pb2.StructuredOutput | None:
+    """kind: response_format.type; schema: json_schema.schema (json_schema only).
+    RequestError: a missing or invalid schema."""
     if kind == "text":
         return None
     if kind == "json_object":
         return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_OBJECT)
     if schema is None:
-        raise ValueError("response_format json_schema needs json_schema.schema")
+        raise RequestError("response_format json_schema needs json_schema.schema",
+                           "response_format.json_schema")
     return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
-                                       json_schema=checked_schema(schema))
+                                       json_schema=checker.checked(schema, SCHEMA_PARAM))
 
 
-def from_tool_choice(tools: Sequence[tuple[str, dict | None]],
-                     tool_choice: Any) -> common_pb2.StructuredOutput | None:
+def from_tool_choice(tools: Sequence[tuple[str, dict | None]], tool_choice: Any,
+                     checker: SchemaChecker) -> common_pb2.StructuredOutput | None:
     """tools: (name, parameters) of each offered function; tool_choice as sent. None unless a
-    call is forced. ValueError: nothing to call, an unknown name, a malformed parameters."""
+    call is forced. RequestError: nothing to call, an unknown name (param tool_choice), an
+    invalid parameters schema (param naming the tool's)."""
     if tool_choice in (None, "none", "auto"):
         return None
     if tool_choice == "required":
-        chosen = list(tools)
+        chosen = list(enumerate(tools))
     else:
         name = _forced_name(tool_choice)
-        chosen = [t for t in tools if t[0] == name]
+        chosen = [(i, t) for i, t in enumerate(tools) if t[0] == name]
         if not chosen:
-            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+            raise RequestError(f"tool_choice names {name!r}, which is not among the tools",
+                               "tool_choice")
     if not chosen:
-        raise ValueError('tool_choice "required" needs at least one tool')
-    options = [_call_schema(name, params) for name, params in chosen]
+        raise RequestError('tool_choice "required" needs at least one tool', "tool_choice")
+    options = [_call_schema(name, params, parameters_param(i), checker)
+               for i, (name, params) in chosen]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
+    # Each tool's parameters were checked on their own; the wrapper around them is ours.
     return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
-                                       json_schema=checked_schema(schema),
+                                       json_schema=json.dumps(schema, ensure_ascii=False),
                                        prefix=OPEN + "\n", suffix="\n" + CLOSE)
 
 
@@ -67,38 +101,65 @@ def _forced_name(tool_choice: Any) -> str:
     function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if tool_choice.get("type", "function") != "function" or not isinstance(name, str):
-        raise ValueError('tool_choice must be "none", "auto", "required" or '
-                         '{"type": "function", "function": {"name": ...}}')
+        raise RequestError('tool_choice must be "none", "auto", "required" or '
+                           '{"type": "function", "function": {"name": ...}}', "tool_choice")
     return name
 
 
-def _call_schema(name: str, parameters: dict | None) -> dict:
+def _call_schema(name: str, parameters: dict | None, param: str,
+                 checker: SchemaChecker) -> dict:
     """The JSON of one hermes call: {"name": NAME, "arguments": {...}}, name first."""
+    arguments = object_schema(parameters, param)
+    checker.checked(arguments, param)
     return {"type": "object",
-            "properties": {"name": {"const": name},
-                           "arguments": parameters or {"type": "object"}},
+            "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
-def checked_schema(schema: Any) -> str:
-    """The schema as JSON text; ValueError unless it is a valid JSON Schema (its own
-    `$schema` draft, else the latest)."""
+def object_schema(parameters: Any, param: str) -> dict:
+    """A tool's `parameters` as an object schema (None or {}: any object). RequestError
+    naming `param` when it is not a JSON object or its `type` is not "object"."""
+    if parameters is None or parameters == {}:
+        return {"type": "object"}
+    if not isinstance(parameters, dict):
+        raise RequestError("a tool's parameters must be a JSON Schema object", param)
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise RequestError('a tool\'s parameters must be an object schema ({"type": '
+                           f'"object", ...}}), got type {json.dumps(kind)}', param)
+    return {"type": "object", **parameters}
+
+
+def checked_schema(schema: Any, param: str, limits: RequestLimits) -> str:
+    """The schema as JSON text; RequestError naming `param` unless it is within the limits,
+    valid under its meta-schema (its own `$schema` draft, else the latest) and accepted by
+    the workers' grammar converter (when xgrammar is installed here; without it the workers
+    say which field they refuse, gateway/dispatch.py)."""
     if not isinstance(schema, (dict, bool)):
-        raise ValueError("a JSON schema must be an object")
+        raise RequestError("a JSON schema must be an object", param)
+    text = limits.schema_text(schema, param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path)
-        raise ValueError(f"invalid JSON schema{f' at {where}' if where else ''}: "
-                         f"{e.message}") from e
-    return json.dumps(schema, ensure_ascii=False)
+        raise RequestError(f"invalid JSON schema{f' at {where}' if where else ''}: "
+                           f"{e.message}", param) from e
+    try:
+        grammar_from_json_schema(text)
+    except ImportError:
+        pass
+    except ValueError as e:
+        raise RequestError(str(e), param) from e
+    return text
 
 
-def check_proto(so: common_pb2.StructuredOutput) -> None:
-    """ValueError unless a StructuredOutput sent to the gRPC front has a valid schema."""
+def check_proto(so: common_pb2.StructuredOutput, checker: SchemaChecker) -> None:
+    """RequestError (param structured_output.json_schema) unless a StructuredOutput sent to
+    the gRPC front has a valid schema."""
+    param = "sampling_params.structured_output.json_schema"
     if so.kind == _K.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA:
         try:
             schema = json.loads(so.json_schema)
         except json.JSONDecodeError as e:
-            raise ValueError(f"structured_output.json_schema is not JSON: {e}") from e
-        checked_schema(schema)
+            raise RequestError(f"structured_output.json_schema is not JSON: {e}", param) from e
+        checker.checked(schema, param)

@@ -11,19 +11,23 @@
 The chat form renders the messages through the chat template exactly as
 /v1/chat/completions does, so its count is the prompt_tokens a chat request would be billed.
 An unknown model is a 404, an id outside the vocabulary a 400 naming `tokens`. Nothing here
-reaches a worker.
+reaches a worker; the work runs in the preparation pool (gateway/prep_pool.py), whose answer
+is the response body.
 """
 from __future__ import annotations
 
+import json
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import model_validator
 
 import baton
 from gateway.errors import GatewayError, require_model
 from gateway.ignored_fields import IgnoredFieldLog, ignored_fields, ignored_header
-from gateway.prompts import PromptBuilder, PromptError, off_loop_if_large
+from gateway.prep_pool import PrepContext, PrepPool
+from gateway.prepare import parse_body
+from gateway.prompts import PromptError
 from gateway.protocol import ChatMessage, Request as Body, Tool
 
 
@@ -53,13 +57,13 @@ class DetokenizeRequest(Body):
 
 
 class TokenizeRoutes:
-    """The three endpoints over the served model's PromptBuilder."""
+    """The three endpoints; the work is done by the preparation pool (gateway/prep_pool.py)."""
 
-    def __init__(self, prompts: PromptBuilder, model_names: set[str],
-                 ignored: IgnoredFieldLog, kv_dtypes=lambda: {}) -> None:
+    def __init__(self, max_model_len: int, prep: PrepPool, ignored: IgnoredFieldLog,
+                 kv_dtypes=lambda: {}) -> None:
         """kv_dtypes: () -> {worker address: its KV dtype name} from the workers' stats."""
-        self.prompts = prompts
-        self.model_names = model_names
+        self.max_model_len = max_model_len
+        self.prep = prep
         self.kv_dtypes = kv_dtypes
         self.ignored = ignored
         self.version = {"version": baton.__version__}
@@ -72,29 +76,13 @@ class TokenizeRoutes:
         app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
         app.add_api_route("/version", self.get_version, methods=["GET"])
 
-    async def tokenize(self, body: TokenizeRequest, request: Request) -> JSONResponse:
+    async def tokenize(self, request: Request) -> Response:
         """Token ids of a prompt or of templated chat messages (see the module docstring)."""
-        require_model(body.model, self.model_names)
-        size = len(body.prompt) if body.prompt is not None else sum(
-            len(m.content) if isinstance(m.content, str) else 1024 for m in body.messages)
-        try:
-            ids = await off_loop_if_large(size, self._token_ids, body)
-        except PromptError as e:
-            raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
-        out: dict = {"count": len(ids), "max_model_len": self.prompts.max_model_len,
-                     "tokens": ids}
-        if body.return_token_strs:
-            out["token_strs"] = self.prompts.token_strs(ids)
-        return JSONResponse(out, headers=self._ignored(body, request))
+        return await self._answer(request, tokenize_job)
 
-    async def detokenize(self, body: DetokenizeRequest, request: Request) -> JSONResponse:
+    async def detokenize(self, request: Request) -> Response:
         """The text of some token ids, special tokens included."""
-        require_model(body.model, self.model_names)
-        try:
-            text = await off_loop_if_large(len(body.tokens), self.prompts.detokenize, body.tokens)
-        except PromptError as e:
-            raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
-        return JSONResponse({"prompt": text}, headers=self._ignored(body, request))
+        return await self._answer(request, detokenize_job)
 
     async def get_version(self) -> JSONResponse:
         """Baton's version (and the source commit when known), and the dtype each worker
@@ -102,16 +90,45 @@ class TokenizeRoutes:
         decides it per machine)."""
         return JSONResponse({**self.version, "workers_dtype": self.kv_dtypes()})
 
-    def _token_ids(self, body: TokenizeRequest) -> list[int]:
+    async def _answer(self, request: Request, job) -> Response:
+        content, names = await self.prep.run(job, await request.body())
+        self.ignored.note(request.url.path, list(names))
+        return Response(content, media_type="application/json",
+                        headers=ignored_header(list(names)))
+
+
+Answer = tuple[bytes, tuple[str, ...]]  # the JSON body, the ignored fields
+
+
+def tokenize_job(ctx: PrepContext, raw: bytes) -> Answer:
+    """/tokenize in the preparation pool: GatewayError 400/404 naming the field."""
+    body = parse_body(TokenizeRequest, raw)
+    require_model(body.model, ctx.settings.model_names)
+    prompts = ctx.prompts
+    try:
         if body.prompt is not None:
             special = True if body.add_special_tokens is None else body.add_special_tokens
-            return self.prompts.tokenize(body.prompt, special)
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        return self.prompts.chat_token_ids(messages, tools, body.add_generation_prompt,
-                                           bool(body.add_special_tokens))
+            ids = prompts.tokenize(body.prompt, special)
+        else:
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools \
+                else None
+            ids = prompts.chat_token_ids(messages, tools, body.add_generation_prompt,
+                                         bool(body.add_special_tokens))
+    except PromptError as e:
+        raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
+    out: dict = {"count": len(ids), "max_model_len": prompts.max_model_len, "tokens": ids}
+    if body.return_token_strs:
+        out["token_strs"] = prompts.token_strs(ids)
+    return json.dumps(out).encode(), tuple(ignored_fields(body))
 
-    def _ignored(self, body: Body, request: Request) -> dict[str, str]:
-        names = ignored_fields(body)
-        self.ignored.note(request.url.path, names)
-        return ignored_header(names)
+
+def detokenize_job(ctx: PrepContext, raw: bytes) -> Answer:
+    """/detokenize in the preparation pool: GatewayError 400 naming `tokens`."""
+    body = parse_body(DetokenizeRequest, raw)
+    require_model(body.model, ctx.settings.model_names)
+    try:
+        text = ctx.prompts.detokenize(body.tokens)
+    except PromptError as e:
+        raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
+    return json.dumps({"prompt": text}).encode(), tuple(ignored_fields(body))

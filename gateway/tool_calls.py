@@ -10,12 +10,16 @@ Every parser (registry: gateway/tool_parsers.py) is incremental, so streaming an
 non-streaming share it: `feed(delta)` returns the content text that is safe to show and the
 tool calls completed so far; `finish()` flushes at the end of output. Text that might be the
 start of a marker is held back until it is clearly not, so no partial tag leaks into content;
-text inside a call is buffered until the call is complete. A call whose body does not parse
-as a call is passed through as text.
+text inside a call is buffered until the call is complete. A call ends at its closing marker
+only outside a JSON string (an argument may quote the marker itself: a note about the format),
+found by `JsonScan`, which also finds where a JSON value ends; it scans each character once
+however the output is cut, so any split of an output parses as the whole does. A call whose
+body does not parse as a call is passed through as text; `arguments` is always JSON text.
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +71,7 @@ class HermesParser(ToolParser):
         super().__init__()
         self._buf = ""
         self._in_call = False
+        self._scan = JsonScan()  # over the open call's body, _buf[0:]
 
     def feed(self, text: str) -> Fed:
         self._buf += text
@@ -78,9 +83,10 @@ class HermesParser(ToolParser):
                 out.append(content)
                 if not self._in_call:
                     break
+                self._scan = JsonScan()
             else:
-                j = self._buf.find(CLOSE)
-                if j < 0:
+                j = self._scan.find_outside(self._buf, CLOSE)
+                if j is None:
                     break
                 body, self._buf, self._in_call = self._buf[:j], self._buf[j + len(CLOSE):], False
                 parsed = parse_calls(body)
@@ -103,14 +109,96 @@ class HermesParser(ToolParser):
         return rest, []
 
 
+class JsonScan:
+    """Where JSON text stands, scanned incrementally: inside a string or not, and how deep in
+    objects and arrays. Each call continues from where the last stopped, so the text must only
+    grow between calls (the same text, more at its end); each character is looked at once
+    (regular expressions jump to the next quote, escape, bracket or marker)."""
+
+    _IN_STRING = re.compile(r'["\\]')
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self.depth = 0
+        self.in_string = False
+
+    def _string(self, text: str) -> bool:
+        """Advance through a string; False when its end is not in `text` yet."""
+        while True:
+            m = self._IN_STRING.search(text, self.pos)
+            if m is None:
+                self.pos = len(text)
+                return False
+            if m.group() == '"':
+                self.pos, self.in_string = m.end(), False
+                return True
+            if m.end() == len(text):  # an escape whose character has not come yet
+                self.pos = m.start()
+                return False
+            self.pos = m.end() + 1
+
+    def find_outside(self, text: str, marker: str) -> int | None:
+        """Index of the first `marker` outside any JSON string (None while there is none yet;
+        a prefix of the marker at the end of `text` is waited on)."""
+        outside = re.compile('"|' + re.escape(marker[0]))
+        while True:
+            if self.in_string and not self._string(text):
+                return None
+            m = outside.search(text, self.pos)
+            if m is None:
+                self.pos = len(text)
+                return None
+            if m.group() == '"':
+                self.pos, self.in_string = m.end(), True
+                continue
+            j = m.start()
+            if text.startswith(marker, j):
+                return j
+            if marker.startswith(text[j:]):  # maybe the marker: wait for more text
+                self.pos = j
+                return None
+            self.pos = j + 1
+
+    _OUTSIDE = re.compile(r'["{}\[\]]')
+
+    def value_end(self, text: str) -> int | None:
+        """Index just past the JSON object or array that opens `text` (at its first bracket);
+        None while it is still open. Brackets count outside strings only; validity is
+        json.loads' job."""
+        while True:
+            if self.in_string and not self._string(text):
+                return None
+            m = self._OUTSIDE.search(text, self.pos)
+            if m is None:
+                self.pos = len(text)
+                return None
+            self.pos = m.end()
+            ch = m.group()
+            if ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth == 0:
+                    return self.pos
+
+
 def call_from_obj(data: Any) -> ParsedToolCall | None:
-    """{"name": str, "arguments" | "parameters": object or JSON text} → a call (else None)."""
+    """{"name": str, "arguments" | "parameters": a JSON object, or JSON text of one} → a
+    call (else None: it is not a call). `arguments` is always JSON text of an object."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     args = data.get("arguments", data.get("parameters", {}))
-    if not isinstance(args, str):
-        args = json.dumps(args, ensure_ascii=False)
-    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", data["name"], args)
+    if isinstance(args, str):  # JSON text inside the JSON (some models write it so)
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", data["name"],
+                          json.dumps(args, ensure_ascii=False))
 
 
 def parse_calls(body: str) -> list[ParsedToolCall] | None:
@@ -142,25 +230,7 @@ def partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def json_end(text: str, start: int = 0) -> int | None:
-    """Index just past the JSON object or array opening at text[start] (None while it is
-    still open). Counts brackets outside strings only; validity is json.loads' job."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+def json_end(text: str) -> int | None:
+    """Index just past the JSON object or array opening at text[0] (None while it is still
+    open): a one-off JsonScan.value_end."""
+    return JsonScan().value_end(text)

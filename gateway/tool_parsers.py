@@ -13,9 +13,9 @@ from __future__ import annotations
 from gateway.tool_calls import (
     Fed,
     HermesParser,
+    JsonScan,
     ParsedToolCall,
     ToolParser,
-    json_end,
     parse_calls,
     until_marker,
 )
@@ -35,6 +35,7 @@ class Llama3JsonParser(ToolParser):
         super().__init__()
         self._buf = ""
         self._state = "start"  # start → calls → content (for good) | start → content
+        self._scan = JsonScan()  # over the call object that opens _buf
 
     def feed(self, text: str) -> Fed:
         self._buf += text
@@ -57,17 +58,20 @@ class Llama3JsonParser(ToolParser):
         calls: list[ParsedToolCall] = []
         while True:
             rest = self._buf.lstrip().lstrip(";").lstrip()
-            if not rest or (rest.startswith("{") and json_end(rest) is None):
-                self._buf = rest
+            if len(rest) != len(self._buf):  # separators dropped: a new call starts
+                self._buf, self._scan = rest, JsonScan()
+            if not rest:
                 break
-            end = json_end(rest) if rest.startswith("{") else None
-            parsed = parse_calls(rest[:end]) if end else None
+            end = self._scan.value_end(rest) if rest.startswith("{") else -1
+            if end is None:
+                break  # the object is still open
+            parsed = parse_calls(rest[:end]) if end > 0 else None
             if parsed is None:  # not a call after all: the rest is content
                 self._state, self._buf = "content", ""
                 self.calls += calls
                 return rest, calls
             calls += parsed
-            self._buf = rest[end:]
+            self._buf, self._scan = rest[end:], JsonScan()
         self.calls += calls
         return "", calls
 
@@ -87,6 +91,7 @@ class MistralParser(ToolParser):
         super().__init__()
         self._buf = ""
         self._in_calls = False
+        self._scan = JsonScan()  # over the calls after the tag, _buf[0:]
 
     def feed(self, text: str) -> Fed:
         self._buf += text
@@ -98,18 +103,19 @@ class MistralParser(ToolParser):
                 out.append(content)
                 if not self._in_calls:
                     break
+                self._scan = JsonScan()
                 continue
             body = self._buf.lstrip()
-            end = json_end(body) if body[:1] in ("[", "{") else -1
+            end = self._scan.value_end(self._buf) if body[:1] in ("[", "{") else -1
             if not body or end is None:
                 break  # the array is still open
-            parsed = parse_calls(body[:end]) if end > 0 else None
+            parsed = parse_calls(self._buf[:end]) if end > 0 else None
             if parsed is None:
                 out.append(TOOL_CALLS_TAG + self._buf)
                 self._buf = ""
             else:
                 calls += parsed
-                self._buf = body[end:]
+                self._buf = self._buf[end:]
             self._in_calls = False
         self.calls += calls
         return "".join(out), calls

@@ -5,9 +5,11 @@ agent-like multi-turn sessions, worker processes on fixed ports, pool checks ove
 Every answer is one of (see `Outcome.kind`):
     ok        200, the stream ended with `data: [DONE]`
     shed      429/503 with Retry-After (the gateway sheds load or has no worker right now)
-    error     a `data: {"error": ...}` event (the stream then ends), or any other 5xx
+    error     a `data: {"error": ...}` event, then `data: [DONE]` (every failed stream ends
+              so: issue 27), or any other 5xx
     client    any other 4xx (a bug in the test or a wrong 400)
-    cut       200 but the stream ended without [DONE] or an error event
+    cut       200 but the stream ended without [DONE] (after an error event too), or sent
+              data after its end
     hung      no end within the client timeout
 """
 from __future__ import annotations
@@ -110,7 +112,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, session: str) -> Outcom
             if not line.startswith("data: "):
                 continue
             data = line[6:]
-            if done or error:
+            if done or (error and data != "[DONE]"):
                 after_end = True
             if data == "[DONE]":
                 done = True
@@ -124,7 +126,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, session: str) -> Outcom
         if after_end:
             return Outcome("cut", error="data after the end of the stream")
         if error:
-            return Outcome("error", error=error)
+            return Outcome("error" if done else "cut", error=error)
         return Outcome("ok" if done else "cut", text="".join(parts))
 
 

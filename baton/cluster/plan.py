@@ -16,7 +16,7 @@ from pathlib import Path
 from baton.cluster.flags import role_argv
 from baton.dtypes import ELEMENT_BYTES, resolve_dtype
 from baton.engine.kv_budget import FALLBACK_BYTES, cluster_kv_bytes, cluster_share, weight_bytes
-from baton.gateway_config import API_KEY_ENV
+from baton.roles import API_KEY_ENV
 from baton.worker.cpu_share import create_share_file
 
 

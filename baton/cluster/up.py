@@ -16,7 +16,9 @@
    workers only (every prefill local);
 3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
    until GET /health is 200 and reports every worker healthy;
-4. print the URL and a curl line; serve until Ctrl-C / SIGTERM. A child that dies is
+4. print the URL and a curl line (with --api-key it reads the key from `$BATON_API_KEY`:
+   the key is never printed, and the gateway gets it in its environment, not its command
+   line, which `ps` shows); serve until Ctrl-C / SIGTERM. A child that dies is
    restarted on the port it had, with backoff (--restart-delay-s, doubling per death in a
    row up to --restart-max-delay-s, reset after --restart-reset-s up), and the cluster
    serves on meanwhile (supervise.py); `--exit-on-child-failure` (CI) stops it instead,
@@ -67,10 +69,10 @@ from baton.cluster.plan import (
     set_role_flag,
 )
 from baton.cluster.supervise import Supervisor, describe_exit
-from baton.engine.kv_budget import read_mem_available
 from baton.dtypes import resolve_dtype
-from baton.gateway_config import API_KEY_ENV, default_served_name
-from baton.roles import ROLE_MODULES
+from baton.engine.kv_budget import read_mem_available
+from baton.gateway_config import default_served_name
+from baton.roles import API_KEY_ENV, ROLE_MODULES
 
 
 class StartupError(RuntimeError):
@@ -114,6 +116,10 @@ class Cluster:
         """Started children, in stop order (gateway, decode, prefill)."""
         return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
 
+    def _env(self, role: str) -> dict[str, str]:
+        """A child's environment: the gateway's holds the API key (plan.gateway_env)."""
+        return gateway_env(self.env, self.a.api_key) if role == "gateway" else self.env
+
     def _child(self, name: str, role: str, args: list[str],
                cpus: frozenset[int] | None = None) -> Child:
         argv = [sys.executable, "-m", ROLE_MODULES[role], *args, *self.share.get(name, [])]
@@ -121,9 +127,6 @@ class Cluster:
         child.start(self._env(role))
         self.roles[name] = role
         return child
-
-    def _env(self, role: str) -> dict[str, str]:
-        return gateway_env(self.env, self.a.api_key) if role == "gateway" else self.env
 
     def restart(self, old: Child) -> Child:
         """Start a dead child again with its flags, on the port it had (a worker) or its
@@ -232,8 +235,8 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
     model = a.served_model_name or default_served_name(a.model)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 32})
-    # the key itself is never printed: the line names the variable that holds it
-    keyed = a.api_key or os.environ.get(API_KEY_ENV)
+    # the key itself is never printed: the line reads it from the user's own environment
+    keyed = a.api_key or cluster.env.get(API_KEY_ENV)  # the flag, or inherited by the gateway
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     dtype = resolve_dtype(a.dtype or "auto", a.device or "cpu")
     roles = (f"{len(cluster.prefill)} prefill + " if cluster.prefill else "colocated: ") + \

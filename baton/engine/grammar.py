@@ -34,6 +34,12 @@ try:
 except ImportError:  # an image without it (the GPU check machine): the engine runs, and
     xgr = None       # a structured-output request is refused with a ValueError
 
+from baton.json_schema import (
+    STRUCTURED_OUTPUT_FIELD,
+    FieldError,
+    grammar_from_json_schema,
+    short_error,
+)
 from baton.sampling_params import StructuredOutput, StructuredOutputKind
 
 _ANY_OBJECT = json.dumps({"type": "object"})
@@ -46,10 +52,7 @@ def build_grammar(spec: StructuredOutput) -> xgr.Grammar:
     if xgr is None:
         raise ValueError(_MISSING)
     schema = spec.json_schema if spec.kind == StructuredOutputKind.JSON_SCHEMA else _ANY_OBJECT
-    try:
-        parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise ValueError(f"json_schema is not supported: {_short(e)}") from e
+    parts = [grammar_from_json_schema(schema)]
     if spec.prefix:
         parts.insert(0, _literal(spec.prefix))
     if spec.suffix:
@@ -60,12 +63,6 @@ def build_grammar(spec: StructuredOutput) -> xgr.Grammar:
 def _literal(text: str) -> xgr.Grammar:
     # A JSON string literal is also a valid EBNF string literal in xgrammar's syntax.
     return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text, ensure_ascii=False)}")
-
-
-def _short(e: Exception) -> str:
-    """xgrammar's C++ messages start with '[time] /path/file.cc:line: '; keep the reason."""
-    text = str(e).strip()
-    return text.split(": ", 1)[1] if text.startswith("[") and ": " in text else text
 
 
 class GrammarCompiler:
@@ -100,15 +97,20 @@ class GrammarCompiler:
         try:
             compiled = self._compiler.compile_grammar(build_grammar(spec))
         except RuntimeError as e:
-            raise ValueError(f"structured output does not compile: {_short(e)}") from e
+            raise ValueError(f"structured output does not compile: {short_error(e)}") from e
         self._cache[spec] = compiled
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return compiled
 
     def matcher(self, spec: StructuredOutput) -> GrammarMatcher:
-        """A fresh matcher for one request. ValueError: the schema does not compile."""
-        return GrammarMatcher(self.compile(spec), self.stop_token_ids, self.vocab_size)
+        """A fresh matcher for one request. FieldError (a ValueError naming the
+        structured output): the schema does not compile."""
+        try:
+            compiled = self.compile(spec)
+        except ValueError as e:
+            raise FieldError(str(e), STRUCTURED_OUTPUT_FIELD) from e
+        return GrammarMatcher(compiled, self.stop_token_ids, self.vocab_size)
 
 
 class GrammarMatcher:

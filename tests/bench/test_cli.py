@@ -68,22 +68,30 @@ def test_bench_against_a_server_that_is_not_baton(tmp_path, capsys):
     assert "no worker time series" in capsys.readouterr().out
 
 
-def test_bench_tau_bench_chat(fake, traces, tmp_path):
-    server, url = fake
+def test_bench_tau_bench_chat(traces, tmp_path):
+    """The tau-bench replay end to end. Its whole workload (2 sessions of 3 turns) is
+    asserted, so the run must end because the workload did, never at the clock: the server
+    answers at a fixed pace (0.3 s to a first token: six requests take about 2 s, as on a
+    busy machine), and --duration is only a cap far above that. (With --duration 1.5 the
+    run ended when a loaded machine had not yet sent the second session: issue 27.)"""
+    server = FakeServer(ttft_s=0.3)
     out = tmp_path / "tau"
-    # one session at a time: the fake's cache then sees the prompts in the order the client
-    # counted its bound in (two sent together may arrive swapped, and a prefix hit "shared
-    # with any earlier prompt" depends on that order: under load the bound check failed once)
-    rc = main(["--url", url, "--workload", "tau-bench", "--max-sessions", "2", "--max-turns",
-               "3", "--concurrency", "1", "--output", str(out), *FAST, "--warmup", "0",
-               "--no-plots"])
+    with ServerThread(server.app()) as url:
+        # one session at a time: the fake's cache then sees the prompts in the order the
+        # client counted its bound in (two sent together may arrive swapped, and a prefix hit
+        # "shared with any earlier prompt" depends on that order)
+        rc = main(["--url", url, "--workload", "tau-bench", "--max-sessions", "2",
+                   "--max-turns", "3", "--concurrency", "1", "--output", str(out), *FAST,
+                   "--warmup", "0", "--duration", "60", "--no-plots"])
     assert rc == 0
     assert {e.path for e in server.log} == {"/v1/chat/completions"}
     assert len({e.session_id for e in server.log}) == 2
     user = [m for m in server.log[0].body["messages"] if m["role"] == "user"][0]
     assert user["content"].startswith("[rid:")
     assert not (out / "latency_cdf.png").exists()
-    s = json.loads((out / "report.json").read_text())["levels"][0]["summary"]
+    level = json.loads((out / "report.json").read_text())["levels"][0]
+    assert (level["sessions_started"], level["sessions_finished"]) == (2, 2)
+    s = level["summary"]
     assert s["measured"] == 6
     # the fake caches 16-token blocks of earlier prompts: at least the session-local ideal
     # minus block rounding, and never more than the global ideal

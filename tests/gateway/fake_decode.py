@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from baton.json_schema import FIELD_METADATA
 from protos import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 DEFAULT_TOKENS = ((11, "Hello"), (12, " world"), (13, "!"))
@@ -26,6 +27,7 @@ class Behavior:
     token_delay_s: float = 0.0
     fail_after: int | None = None        # abort(UNAVAILABLE) after this many token steps
     reject: grpc.StatusCode | None = None  # abort before any message
+    reject_field: str | None = None      # ... naming this request field (trailing metadata)
     hang: bool = False                   # accept and never answer
     finish_error: str | None = None      # Finished{ERROR} after the tokens
     cached_tokens: int = 0
@@ -55,7 +57,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
         b = self.behavior
         try:
             if b.reject is not None:
-                await context.abort(b.reject, "rejected by the fake worker")
+                field = ((FIELD_METADATA, b.reject_field),) if b.reject_field else ()
+                await context.abort(b.reject, "rejected by the fake worker",
+                                    trailing_metadata=field)
             if b.hang:
                 await asyncio.sleep(3600)
             if b.first_delay_s:
@@ -205,9 +209,10 @@ async def start_fake_prefill(load: float = 0.0, num_waiting_tokens: int = 0) -> 
                                   prefill_pb2_grpc.add_PrefillServiceServicer_to_server)
 
 
-async def _serve(tokens: int) -> None:
+async def _serve(tokens: int, token_delay_s: float) -> None:
     worker = await FakeWorker.start(Behavior(tokens=tuple((100 + i, f" t{i}")
-                                                          for i in range(tokens))))
+                                                          for i in range(tokens)),
+                                             token_delay_s=token_delay_s))
     print(worker.address, flush=True)
     await asyncio.Event().wait()
 
@@ -219,4 +224,6 @@ if __name__ == "__main__":  # python -m tests.gateway.fake_decode: prints its ad
 
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=4, help="tokens per completion")
-    uvloop.run(_serve(p.parse_args().tokens))
+    p.add_argument("--token-delay-s", type=float, default=0.0, help="pause after each token")
+    a = p.parse_args()
+    uvloop.run(_serve(a.tokens, a.token_delay_s))

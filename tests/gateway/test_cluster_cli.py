@@ -186,3 +186,27 @@ def test_exit_on_child_failure_stops_the_cluster(monkeypatch, tmp_path, tiny_lla
     assert code == 1
     assert said[0].startswith("[baton up] decode-0 exited with status -9 (SIGKILL); stopping.")
     assert len(_pid_lines(log, 1)) == 1 and "pid=" not in log.read_text().split("\n", 1)[1]
+
+
+def test_api_key_stays_out_of_output_and_ps(monkeypatch, tmp_path, tiny_llama, capsys):
+    """Issue 27: `baton up --api-key K` prints the curl hint with $BATON_API_KEY, not K, and
+    hands K to the gateway in its environment, not on its command line (`ps` shows that)."""
+    key = "sekret-key-4a7f"
+    run, serving, _ = _serving_cluster(monkeypatch, tiny_llama, tmp_path, "--api-key", key)
+    seen: dict[str, bytes] = {}
+
+    def inspect_gateway():
+        assert serving.wait(30)
+        pid = _pid_lines(tmp_path / "gateway.log", 1)[0][0]
+        seen["cmdline"] = Path(f"/proc/{pid}/cmdline").read_bytes()
+        seen["environ"] = Path(f"/proc/{pid}/environ").read_bytes()
+
+    probe = _in_thread(inspect_gateway, stop_after=True)
+    code = run()
+    probe.join(10)
+    assert code == 0
+    assert key.encode() not in seen["cmdline"] and b"--api-key" not in seen["cmdline"]
+    assert f"BATON_API_KEY={key}".encode() in seen["environ"].split(b"\0")
+    out = capsys.readouterr()
+    assert key not in out.out + out.err
+    assert '-H "Authorization: Bearer $BATON_API_KEY"' in out.out

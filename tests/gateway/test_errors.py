@@ -191,6 +191,8 @@ async def test_worker_dies_mid_stream_gives_error_event(gateway, fake):
     errors = [json.loads(e) for e in events if e.startswith('{"error"')]
     assert len(errors) == 1 and "mid-stream" in errors[0]["error"]["message"]
     assert sum('"content":"' in e for e in events) >= 2  # tokens before the failure arrived
+    # every stream ends the same way (issue 27): the error event, then [DONE]
+    assert events[-2:] == [events[-2], "[DONE]"] and events[-2].startswith('{"error"')
     # non-streaming: a 5xx with an OpenAI body
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=5) as c:
         r = await c.post("/v1/chat/completions", json=CHAT)
@@ -209,7 +211,8 @@ async def test_worker_killed_mid_stream_closes_the_stream(prompts):
                     lines.append(line)
                     if len(lines) == 6:
                         await worker.stop(0)
-        assert any(line.startswith('data: {"error"') for line in lines)
+        events = [line for line in lines if line.startswith("data: ")]
+        assert events[-2].startswith('data: {"error"') and events[-1] == "data: [DONE]"
 
 
 async def test_finished_error_from_worker_is_an_error_event(gateway, fake):
@@ -217,6 +220,7 @@ async def test_finished_error_from_worker_is_an_error_event(gateway, fake):
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=5) as c:
         r = await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})
         assert 'data: {"error"' in r.text and "engine step failed" in r.text
+        assert r.text.endswith("data: [DONE]\n\n")
         r = await c.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
         assert r.status_code == 500 and r.json()["error"]["message"] == "engine step failed"
 

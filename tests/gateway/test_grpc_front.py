@@ -76,11 +76,24 @@ async def test_chat_and_token_prompts(stub, prompts, fake):
     (dict(text="x", sampling_params=common_pb2.SamplingParams(
         structured_output=common_pb2.StructuredOutput())),
      grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(  # the workers would refuse it
+        structured_output=common_pb2.StructuredOutput(
+            kind=common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
+            json_schema='{"type": "integer", "minimum": 5, "maximum": 1}'))),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(chat=gateway_pb2.ChatPrompt(  # a tool's parameters must be an object schema
+        messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
+        tools=[gateway_pb2.ToolDefinition(name="f", parameters_json='{"type": "string"}')])),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 async def test_bad_requests(stub, request_kwargs, code):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await collect(stub, gateway_pb2.GatewayGenerateRequest(**request_kwargs))
     assert e.value.code() == code
+    field = dict(e.value.trailing_metadata() or ()).get("baton-field")
+    so = request_kwargs.get("sampling_params", common_pb2.SamplingParams()).structured_output
+    if so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA:  # a bad schema: its field
+        assert field == "sampling_params.structured_output.json_schema"
     assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4
 
 
@@ -110,11 +123,19 @@ async def test_cancel_reaches_the_decode_worker(stub, fake):
     assert fake.servicer.cancelled
 
 
-async def test_mid_stream_failure_is_finished_error(stub, fake):
+async def test_mid_stream_failure_is_finished_error_then_a_status(stub, fake):
+    """Every stream ends the same way (issue 27): the decode worker dies mid-stream → the
+    Finished{ERROR} is relayed, then the call ends with a status (HTTP: an error event, then
+    [DONE])."""
     fake.servicer.behavior = Behavior(fail_after=1)
-    msgs = await collect(stub, gateway_pb2.GatewayGenerateRequest(text="x"))
+    msgs = []
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        async for m in stub.Generate(gateway_pb2.GatewayGenerateRequest(text="x"), timeout=5):
+            msgs.append(m)
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "mid-stream" in e.value.details()
     last = msgs[-1].finished
     assert last.finish_reason == common_pb2.FINISH_REASON_ERROR and "mid-stream" in last.error
+    assert msgs[0].WhichOneof("kind") == "tokens"  # what came before the failure arrived
 
 
 async def test_overload_maps_to_resource_exhausted(stub, fake):

@@ -172,6 +172,28 @@ async def test_tool_calls_parsed_stream(gateway, fake):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+async def test_a_call_quoting_its_closing_tag_streams_as_it_collects(gateway, fake):
+    """Issue 27: a JSON argument holding the literal `</tool_call>` is still one call, with
+    finish_reason tool_calls, streamed (one character per token) or not."""
+    note = {"text": "a call ends with </tool_call>, quoted: \"</tool_call>\""}
+    output = "On it.<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": note}) \
+        + "\n</tool_call>"
+    fake.servicer.behavior = Behavior(tokens=tuple((100 + i % 50, ch)
+                                                   for i, ch in enumerate(output)))
+    body = {**CHAT, "tools": TOOLS, "max_tokens": len(output)}
+    choice = (await post(gateway, "/v1/chat/completions", body)).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "On it."
+    (call,) = choice["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == note
+    chunks = sse_data((await post(gateway, "/v1/chat/completions",
+                                  {**body, "stream": True})).text)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "On it."
+    (streamed,) = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert json.loads(streamed["function"]["arguments"]) == note
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 async def test_session_header_and_user_reach_the_worker(gateway, fake):
     await post(gateway, "/v1/chat/completions", CHAT, headers={"X-Session-ID": "agent-1"})
     assert fake.servicer.requests[-1].session_id == "agent-1"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import jsonschema
 import pytest
 
+from baton.json_schema import STRUCTURED_OUTPUT_FIELD
 from protos import common_pb2
-from tests.gateway.conftest import MODEL
+from tests.gateway.conftest import MODEL, Behavior
 from tests.gateway.test_http_api import CHAT, post
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -61,23 +63,61 @@ async def test_forced_tool_choice_is_a_hermes_call_of_the_tools(gateway, fake):
         assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT
 
 
+def _fmt(schema) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": schema}}}
+
+
+SCHEMA_PARAM = "response_format.json_schema.schema"
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "objekt"}}}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"properties": {"a": {"minimum": "zero"}}}}}},
-     "response_format"),
+     "response_format.json_schema"),
+    (_fmt({"type": "objekt"}), SCHEMA_PARAM),
+    (_fmt({"properties": {"a": {"minimum": "zero"}}}), SCHEMA_PARAM),
+    # valid under the meta-schema, refused by the workers' grammar converter (issue 27)
+    (_fmt({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+     SCHEMA_PARAM),
+    (_fmt({"type": "integer", "minimum": 5, "maximum": 1}), SCHEMA_PARAM),
+    (_fmt({"enum": []}), SCHEMA_PARAM),
+    (_fmt({"type": "string", "pattern": "(?<=a)b"}), SCHEMA_PARAM),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": [TOOLS[1], {"type": "function", "function": {
+        "name": "bad", "parameters": {"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 3, "maximum": 2}}}}}],
+      "tool_choice": "required"}, "tools[1].function.parameters"),
+    # parameters must be an object schema, forced or not (else `arguments` is no object)
+    ({"tools": [TOOLS[1], {"type": "function", "function": {
+        "name": "s", "parameters": {"type": "string"}}}]}, "tools[1].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "s", "parameters": [1]}}]},
+     "tools[0].function.parameters"),
 ])
 async def test_bad_structured_requests_are_400(gateway, fake, extra, param):
     r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert not fake.servicer.requests
+
+
+@pytest.mark.parametrize("extra,param", [
+    (_fmt(SCHEMA), SCHEMA_PARAM),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+])
+async def test_a_schema_a_worker_refuses_is_a_400_naming_the_field(gateway, fake, extra,
+                                                                   param):
+    """Whichever process finds the fault (issue 27): a worker that refuses the structured
+    output names its own field (`baton-field` metadata) and the gateway names the request's."""
+    fake.servicer.behavior = Behavior(reject=grpc.StatusCode.INVALID_ARGUMENT,
+                                      reject_field=STRUCTURED_OUTPUT_FIELD)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    fake.servicer.behavior = Behavior(reject=grpc.StatusCode.INVALID_ARGUMENT)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] is None  # no field named

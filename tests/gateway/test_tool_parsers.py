@@ -1,5 +1,7 @@
 """The named tool-call parsers (gateway/tool_parsers.py): whole outputs, every two-piece split
-and token-sized pieces give the same content and calls, and no partial marker leaks out."""
+and token-sized pieces give the same content and calls, and no partial marker leaks out. A
+call ends at its closing marker only outside a JSON string (issue 27): arguments quoting the
+markers, brackets, escaped quotes and backslashes parse the same at every split."""
 from __future__ import annotations
 
 import json
@@ -10,6 +12,11 @@ from gateway.tool_parsers import TOOL_PARSERS, make_tool_parser
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 CALL2 = '{"name": "get_time", "parameters": {"tz": "CET"}}'
+# Arguments that quote the formats' own markers (a note about the format itself), brackets,
+# an escaped quote and a trailing escaped backslash: the marker inside a string is text.
+NOTE = {"text": 'End a call with </tool_call>; a "quote" </tool_call>, [TOOL_CALLS] ]}',
+        "path": "C:\\", "more": "<tool_call> <|python_tag|> {\"a\": [1]}"}
+NOTE_CALL = json.dumps({"name": "note", "arguments": NOTE})
 
 # parser name → [(output, expected content, expected [(name, arguments)])]
 CASES = {
@@ -21,6 +28,17 @@ CASES = {
          [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]),
         ("<tool_call>not json</tool_call> x", "<tool_call>not json</tool_call> x", []),
         ("a <toolbox> b", "a <toolbox> b", []),
+        (f"Noted.<tool_call>\n{NOTE_CALL}\n</tool_call>", "Noted.", [("note", NOTE)]),
+        (f"<tool_call>{NOTE_CALL}</tool_call>x<tool_call>{CALL}</tool_call>", "x",
+         [("note", NOTE), ("get_weather", {"city": "Paris"})]),
+        # arguments as JSON text inside the JSON: parsed; arguments that are no JSON
+        # object: not a call, so the text goes out as it came
+        ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "",
+         [("f", {"a": 1})]),
+        ('<tool_call>{"name": "f", "arguments": "city=Paris"}</tool_call>',
+         '<tool_call>{"name": "f", "arguments": "city=Paris"}</tool_call>', []),
+        ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+         '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', []),
     ],
     "llama3_json": [
         (CALL, "", [("get_weather", {"city": "Paris"})]),
@@ -30,6 +48,8 @@ CASES = {
         ("The weather is {fine}.", "The weather is {fine}.", []),
         ('{"answer": 42}', '{"answer": 42}', []),  # JSON, but not a call
         ("<|python", "<|python", []),  # cut off inside the tag: given back
+        (f"<|python_tag|>{NOTE_CALL}; {CALL}", "",
+         [("note", NOTE), ("get_weather", {"city": "Paris"})]),
     ],
     "mistral": [
         (f"[TOOL_CALLS] [{CALL}, {CALL2}]", "",
@@ -39,6 +59,8 @@ CASES = {
         ("[TOOL_CALLS] oops", "[TOOL_CALLS] oops", []),
         ("[TOOL_CALLS] [{\"name\": ", "[TOOL_CALLS] [{\"name\": ", []),  # cut off: given back
         ("a [TOOL] b", "a [TOOL] b", []),
+        (f"See.[TOOL_CALLS] [{NOTE_CALL}, {CALL}] done", "See. done",
+         [("note", NOTE), ("get_weather", {"city": "Paris"})]),
     ],
 }
 MARKERS = {"hermes": "<tool_call>", "llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
@@ -72,9 +94,24 @@ def test_registry():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_two_piece_split(name):
     for output, content, expected in CASES[name]:
+        whole, whole_calls, _ = run(name, [output])  # non-streaming: one piece
+        assert (whole, summary(whole_calls)) == (content, expected), output
         for cut in range(len(output) + 1):
             text, calls, _ = run(name, [output[:cut], output[cut:]])
-            assert (text, summary(calls)) == (content, expected), (output, cut)
+            assert (text, summary(calls)) == (whole, summary(whole_calls)), (output, cut)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_three_piece_split_of_a_quoted_marker(name):
+    """Both ends of a split next to the quoted markers' and escapes' characters."""
+    output = next(o for o, _, e in CASES[name] if e and e[0][0] == "note")
+    whole = run(name, [output])[:2]
+    lo, hi = output.index("End a call"), output.index("[1]") + 3
+    cuts = sorted({i + d for i in range(lo, hi) if output[i] in '"\\<>[]{}|' for d in (0, 1)})
+    for a in cuts:
+        for b in (c for c in cuts if c >= a):
+            text, calls, _ = run(name, [output[:a], output[a:b], output[b:]])
+            assert (text, summary(calls)) == (whole[0], summary(whole[1])), (a, b)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -8,6 +8,7 @@ import time
 import grpc
 import httpx
 
+from baton.block_hash import hash_block_tokens
 from gateway.config import RoutingPolicy
 from gateway.workers import Worker, apply_stats, read_workers_file, resolve
 from protos import common_pb2
@@ -148,7 +149,7 @@ async def test_kv_overlap_routes_to_the_worker_holding_the_prefix(prompts):
     async with running_gateway(prompts, [a, b], policy=RoutingPolicy.KV) as gw:
         await wait_until(lambda: gw.pool.block_size() == 4)
         ids = prompts.chat_token_ids(CHAT["messages"])
-        b.servicer.block_hashes = gw.dispatcher.block_hashes(ids)
+        b.servicer.block_hashes = hash_block_tokens(ids, 4)
         await wait_until(lambda: gw.pool.get("decode", b.address).block_hashes)
         async with httpx.AsyncClient(base_url=gw.http_url, timeout=5) as c:
             for _ in range(3):

@@ -46,3 +46,6 @@ async def test_a_schema_that_does_not_compile_is_invalid_argument(whole):
         await client.generate(prompt_of(37, seed=9), SamplingParams(structured_output=bad))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "Lookbehind" in e.value.details()
+    # the refused field, for the gateway to name its own (issue 27)
+    assert dict(e.value.trailing_metadata())["baton-field"] == \
+        "sampling_params.structured_output"
