@@ -142,14 +142,11 @@ def argparse_kwargs(s: FlagSpec) -> dict[str, Any]:
     return kw
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type,
-              skip: frozenset[str] = frozenset()) -> list[FlagSpec]:
-    """Add every flag of `cls` (nested configs included) but those whose dest is in
-    `skip`, one argument group per config class; returns the specs added."""
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> list[FlagSpec]:
+    """Add every flag of `cls` (nested configs included), one argument group per config
+    class; returns the specs added."""
     added, groups = [], {}
     for s in specs(cls):
-        if s.dest in skip:
-            continue
         if s.owner not in groups:
             groups[s.owner] = parser.add_argument_group(s.owner)
         groups[s.owner].add_argument(s.option, *s.flag.aliases, **argparse_kwargs(s))
@@ -158,7 +155,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type,
 
 
 def _value(s: FlagSpec, ns: argparse.Namespace) -> Any:
-    value = getattr(ns, s.dest, s.default)  # a flag the parser skipped keeps its default
+    value = getattr(ns, s.dest, s.default)  # a flag the parser lacks keeps its default
     tp = _optional(s.type)
     if typing.get_origin(tp) is tuple and s.flag.parse is None:
         return _split_values(value) if value is not None else s.default
@@ -193,20 +190,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parser_for(cls: type, prog: str, description: str,
-               skip: frozenset[str] = frozenset()) -> argparse.ArgumentParser:
+def parser_for(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
     """A parser holding `cls`'s flags, every default shown in --help."""
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=HelpFormatter)
-    add_flags(p, cls, skip)
+    add_flags(p, cls)
     return p
 
-
-def parse(cls: type, parser: argparse.ArgumentParser, argv: list[str] | None,
-          **overrides: Any) -> Any:
-    """Parse `argv` with `parser` and build `cls`; a bad value exits with the usage line."""
-    ns = parser.parse_args(argv)
-    try:
-        return build(cls, ns, **overrides)
-    except ValueError as e:
-        parser.error(str(e))
