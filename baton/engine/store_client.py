@@ -99,6 +99,7 @@ class MooncakeClient:
         self._sentinel_put = False  # stored under this epoch (else: put it at the next check)
         self._store = None
         self._down = True  # until set up; then while the breaker is open
+        self._gone = False  # the master refused connections since the breaker opened
         self._retry_at = 0.0
         self._closed = False
         self._up = threading.Event()  # set once set-up succeeded
@@ -122,17 +123,21 @@ class MooncakeClient:
         """The breaker's clock (one background thread calls it about once a second): set up
         when not yet, close the breaker once the master answers again, open it when the
         master stops answering. A TCP connect to the master decides first: the library's
-        calls hold the GIL, and against a dead master they take seconds (set-up ~90 s)."""
+        calls hold the GIL, and against a dead master they take seconds (set-up ~90 s).
+        While the breaker is open that connect is tried every check: a master that went
+        away (refused) and answers again is a restarted one, used at once; one that kept
+        answering while calls failed is retried only every `retry_s`."""
         if self._closed:
             return
         now = time.monotonic()
-        if self._down and now < self._retry_at:
-            return
-        up = self._reachable()
-        if not up:
+        if not self._reachable():
+            self._gone = True
             if not self._down or now >= self._retry_at:
                 self._trip("master not reachable")
             return
+        if self._down and now < self._retry_at and not self._gone:
+            return
+        self._gone = False
         if self._store is None:
             self._connect()
         elif self._down:
