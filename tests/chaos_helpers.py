@@ -2,7 +2,7 @@
 and address, kill it while a chosen activity is under way, read `baton up`'s restart lines,
 and time how long a restarted process takes to serve its role again.
 
-    Output(proc)                  a thread reading baton up's stdout, each line timed
+    Output (restart_helpers.py)   baton up's stdout, each line timed
     Target(module, address)       one child; .pid() finds it (its listening ports)
     moving(read, timeout_s)       True once the counter `read()` grew (the activity runs)
     until(check, timeout_s)       seconds until `check()` was true (None: never)
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,46 +26,6 @@ import psutil
 from baton.sampling_params import SamplingParams
 from baton.worker.wire import sampling_params_to_proto
 from protos import decode_pb2, decode_pb2_grpc
-
-
-class Output:
-    """baton up's stdout, line by line, with the time.monotonic() each one was read."""
-
-    def __init__(self, proc) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._cond = threading.Condition()
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc) -> None:
-        for line in proc.stdout:
-            with self._cond:
-                self.lines.append((time.monotonic(), line))
-                self._cond.notify_all()
-
-    def mark(self) -> int:
-        with self._cond:
-            return len(self.lines)
-
-    def wait_sync(self, text: str, since: int, timeout_s: float) -> float:
-        """When the first line from index `since` on containing `text` was read."""
-        end = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                for t, line in self.lines[since:]:
-                    if text in line:
-                        return t
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {text!r} in baton up's output within "
-                                         f"{timeout_s:g} s: {self.text(since)}")
-                self._cond.wait(left)
-
-    async def wait(self, text: str, since: int, timeout_s: float = 90.0) -> float:
-        return await asyncio.to_thread(self.wait_sync, text, since, timeout_s)
-
-    def text(self, since: int = 0) -> str:
-        with self._cond:
-            return "".join(line for _, line in self.lines[since:])
 
 
 class Target(NamedTuple):

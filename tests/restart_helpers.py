@@ -1,6 +1,7 @@
 """Shared by the restart and chaos tests (real `baton up` clusters): which process a worker
 address runs now and what that process has counted, read from the process itself.
 
+    Output(proc)                    baton up's stdout read by a thread, each line timed
     process_metrics(role, address) -> Process(kv_epoch, samples)   GetStats (its kv_epoch and
                                                                     metrics_port), then its
                                                                     own GET /metrics
@@ -12,6 +13,9 @@ counts is that process's own work, never its predecessor's.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import NamedTuple
 
 import grpc
@@ -72,3 +76,49 @@ def remote_outcomes(samples: list[Sample]) -> dict[str, float]:
     "local" and "unreachable" are no remote prefill)."""
     return {o: count(samples, "baton_decode_remote_prefills_total", outcome=o)
             for o in REMOTE_OUTCOMES}
+
+
+class Output:
+    """baton up's stdout, line by line, with the time.monotonic() each one was read."""
+
+    def __init__(self, proc) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            with self._cond:
+                self.lines.append((time.monotonic(), line))
+                self._cond.notify_all()
+
+    def rest(self, since: int, timeout_s: float) -> str:
+        """The text from line `since` on once the output ended (the process exited)."""
+        self._thread.join(timeout_s)
+        return self.text(since)
+
+    def mark(self) -> int:
+        with self._cond:
+            return len(self.lines)
+
+    def wait_sync(self, text: str, since: int, timeout_s: float) -> float:
+        """When the first line from index `since` on containing `text` was read."""
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for t, line in self.lines[since:]:
+                    if text in line:
+                        return t
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {text!r} in baton up's output within "
+                                         f"{timeout_s:g} s: {self.text(since)}")
+                self._cond.wait(left)
+
+    async def wait(self, text: str, since: int, timeout_s: float = 90.0) -> float:
+        return await asyncio.to_thread(self.wait_sync, text, since, timeout_s)
+
+    def text(self, since: int = 0) -> str:
+        with self._cond:
+            return "".join(line for _, line in self.lines[since:])

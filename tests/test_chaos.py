@@ -4,10 +4,10 @@ from decode; plus a local KV store) while every role is SIGKILLed in turn, each 
 chosen to hurt, and the supervisor restarts it on its port; then workers are SIGSTOPped.
 
     sessions ──────────────────────────────────────────────────────────────────▶ stop, idle
-    faults   prefill   prefill twice    decode-a   decode-b    store      gateway  stop p, d
-             mid-load  (2nd at READY:   mid-load   mid-load    master     (streams
-             (pull,    decode is        (tier)     (store      mid-load    cut)
-             tier)     re-handshaking)              loads)
+    faults   prefill   prefill twice    decode-0   decode-1    store      gateway  stop p, d
+             mid-load  (the 2nd as a    mid-load   mid-load    master     (streams
+             (pull,    decode worker    (host      (store or   mid-load    cut)
+             tier)     re-handshakes)   tier)      host tier)
 
 "mid-load": the kill waits (≤ TRIGGER_S) until the target's own counter of that activity
 grows (KV pulled, tier or store blocks loaded), so it lands while blocks move; whether it
@@ -38,10 +38,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.chaos_helpers import Output, Target, moving, probe_decode, until
+from tests.chaos_helpers import Target, moving, probe_decode, until
 from tests.kv_store_helpers import need_mooncake
 from tests.load_helpers import Tally, agent_session, http_client, stream_chat
-from tests.restart_helpers import count, process_metrics, worker_addresses
+from tests.restart_helpers import Output, count, process_metrics, worker_addresses
 from tests.test_cluster_e2e import baton_up
 
 pytestmark = pytest.mark.slow
@@ -63,13 +63,14 @@ PREFILL_MAX_S, QUARANTINE_GRACE_S = 15.0, 5.0
 class Chaos:
     """The cluster under test, the faults done to it and what each restart measured."""
 
-    def __init__(self, url: str, proc) -> None:
-        self.url, self.proc, self.out = url, proc, Output(proc)
+    def __init__(self, url: str, proc, out: Output) -> None:
+        self.url, self.proc, self.out = url, proc, out
         self.prefill = worker_addresses(url, "prefill")[0]
         self.decodes = worker_addresses(url, "decode")
         self.figures: list[str] = []
         self.serve_s: dict[str, float | None] = {}
         self.gateway_kills: list[float] = []
+        self.events: list[tuple[float, str]] = []  # (time.monotonic(), fault)
 
     def target(self, module: str, address: str) -> Target:
         return Target(self.proc.pid, module, int(address.rsplit(":", 1)[1]))
@@ -88,6 +89,7 @@ class Chaos:
         if t.module == "gateway":
             self.gateway_kills.append(time.monotonic())
         os.kill(pid, signal.SIGKILL)
+        self.events.append((time.monotonic(), f"kill {what}"))
         ready = await self.out.wait(t.back_line, since)
         self.figures.append(f"kill {what}" + ("" if hit is None else
                                               " (mid-load)" if hit else " (load not seen)"))
@@ -125,19 +127,20 @@ class Chaos:
         return sum(self.counter("decode", d, ("baton_decode_prefill_peer_restarts_total", {}))
                    for d in self.decodes)
 
-    async def kill_decode(self, index: int, tier: str) -> None:
+    async def kill_decode(self, index: int, tiers: tuple[str, ...]) -> None:
         address = self.decodes[index]
 
         def loading() -> float:
-            return self.counter("decode", address, (
-                "baton_kv_tier_loaded_bytes_total", {"tier": tier}))
+            return self.counter("decode", address, *(
+                ("baton_kv_tier_loaded_bytes_total", {"tier": t}) for t in tiers))
 
         async def serving() -> bool:
             ok = await asyncio.to_thread(probe_decode, address, self.prefill)
             health = httpx.get(self.url + "/health", timeout=5).json()
             return ok and health["workers"]["decode"]["healthy"] == len(self.decodes)
         ready = await self.kill(self.target("decode_service", address),
-                                f"decode-{index} during a {tier} tier load", loading)
+                                f"decode-{index} during a {' or '.join(tiers)} tier load",
+                                loading)
         await self.served(f"decode-{index}", ready, serving)
 
     async def kill_store(self) -> None:
@@ -175,6 +178,7 @@ class Chaos:
     async def pause(self, module: str, address: str) -> None:
         pid = self.target(module, address).pid()
         os.kill(pid, signal.SIGSTOP)
+        self.events.append((time.monotonic(), f"SIGSTOP {module}"))
         await asyncio.sleep(STOP_S)
         os.kill(pid, signal.SIGCONT)
         self.figures.append(f"SIGSTOP {module} {STOP_S:g} s")
@@ -219,6 +223,17 @@ async def _pools_whole(url: str, settle_s: float = PREFILL_MAX_S + QUARANTINE_GR
         await asyncio.sleep(0.5)
 
 
+def _slowest(outs, events: list[tuple[float, str]]) -> str:
+    """The longest request, and the last fault before it ended."""
+    if not outs:
+        return "-"
+    o = max(outs, key=lambda o: o.seconds)
+    before = [(t, e) for t, e in events if t <= o.started + o.seconds]
+    near = f" ({o.kind}; sent {o.started - before[-1][0]:+.1f} s after {before[-1][1]!r})" \
+        if before else f" ({o.kind})"
+    return f"{o.seconds:.1f} s{near}"
+
+
 def _refused(out) -> bool:
     """No connection at all: the gateway was down (a clean error: nothing was started)."""
     return out.status == 0 and out.error.startswith("ConnectError")
@@ -233,8 +248,8 @@ def _allowed_loss(out, gateway_kills: list[float]) -> bool:
 async def _faults(chaos: Chaos, model: str) -> None:
     await asyncio.sleep(6.0)  # sessions under way: pools, tiers and the store fill
     await chaos.kill_prefill()
-    await chaos.kill_decode(0, "host")
-    await chaos.kill_decode(1, "store")  # decode-0's sessions moved here: loaded from it
+    await chaos.kill_decode(0, ("host",))
+    await chaos.kill_decode(1, ("store", "host"))  # decode-0's sessions moved here
     await chaos.kill_store()
     await chaos.kill_gateway(model)
     await chaos.pause("prefill_service", chaos.prefill)
@@ -247,9 +262,9 @@ def test_chaos_run_every_role_restarts_and_serves_again(tiny_llama):
                   "--min-remote-tokens", "16",  # the remote path, under the kills
                   "--kv-store", "mooncake", "--kv-store-segment-bytes", str(32 << 20),
                   "--shutdown-grace-s", "3", "--prefill-max-seconds", str(PREFILL_MAX_S),
-                  timeout=300, num_blocks=NUM_BLOCKS) as (url, proc):
+                  timeout=300, num_blocks=NUM_BLOCKS, follow=True) as (url, proc, out):
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        chaos, tally = Chaos(url, proc), Tally()
+        chaos, tally = Chaos(url, proc, out), Tally()
 
         async def run() -> tuple[float, dict[str, float]]:
             stop = asyncio.Event()
@@ -277,9 +292,9 @@ def test_chaos_run_every_role_restarts_and_serves_again(tiny_llama):
         print("\n[chaos] " + "\n[chaos] ".join(chaos.figures))
         print(f"[chaos] requests {tally.requests}, completed {tally.kinds['ok']}, clean errors "
               f"{sum(clean.values())} {clean}, lost with a killed gateway {len(lost)}, "
-              f"recomputed remote prefills {recompute:g}, max stuck "
-              f"{max((o.seconds for o in outs), default=0):.1f} s, pools whole {whole_s:.1f} s "
-              f"after the load stopped")
+              f"recomputed remote prefills {recompute:g} (processes alive at the end), max "
+              f"stuck {_slowest(outs, chaos.events)}, pools whole {whole_s:.1f} s after the "
+              f"load stopped")
         assert tally.requests > 0 and tally.kinds["ok"] > tally.requests // 2, tally.summary()
         assert not bad, f"{[(o.kind, o.status, o.error) for o in bad[:5]]}\n{tally.summary()}"
         assert max(o.seconds for o in outs) <= CLIENT_TIMEOUT_S + 1
