@@ -28,7 +28,6 @@ nothing, and remote_prefill.py sends it again to the new process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import time
@@ -159,8 +158,10 @@ class PrefillPeers:
         """Start a handshake in the background (a failure is only logged: the next get()
         tries again)."""
         async def shake() -> None:
-            with contextlib.suppress(Rejected):
+            try:
                 await self.get(address)
+            except Exception as e:  # noqa: BLE001 - Rejected, or the channel closed meanwhile
+                log.info("background handshake failed: %r", e, extra={"peer": address})
         task = asyncio.ensure_future(shake())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -246,6 +247,8 @@ class PrefillPeers:
 
     async def close(self) -> None:
         self._closed = True
+        for task in self._background:
+            task.cancel()
         await asyncio.gather(*(c.close(grace=None) for c in self._channels.values()))
         self._channels.clear()
         self._peers.clear()
