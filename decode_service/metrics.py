@@ -61,7 +61,15 @@ class DecodeMetrics:
                                     "baton/pd_cost.py) by path and reason", ["path", "reason"],
                                     registry=r)
         self.pd_rates = Gauge("baton_decode_pd_learned_rate", "The P/D decider's learned "
-                              "rates (EWMA)", ["kind"], registry=r)
+                              "rates (EWMA; peer: the prefill worker of a remote rate, empty "
+                              "for the local one)", ["kind", "peer"], registry=r)
+        self.pd_rejected_samples = Counter(
+            "baton_decode_pd_rejected_samples", "Rate samples the P/D decider did not take "
+            "(not positive, or 100x off the learned rate: decode_service/pd_rates.py)",
+            ["kind"], registry=r)
+        self.prefill_peer_restarts = Counter(
+            "baton_decode_prefill_peer_restarts", "Prefill peers seen with a new kv_epoch "
+            "(a restarted process): handshaken again at once", registry=r)
         self.cached_prompt_tokens = Counter(
             "baton_decode_cached_prompt_tokens", "Prompt tokens not computed for a request, "
             "by where they came from (decode_pool, prefill_pool, host_tier, disk_tier, store)",

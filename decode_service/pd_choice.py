@@ -10,6 +10,8 @@
       PDChooser.record(decision, planned)   baton_decode_pd_decisions_total{path, reason}
     first token of a local prefill → observe_local; a remote prefill's answer →
     observe_remote (compute_seconds) and observe_transfer (bytes / transfer + arrival time)
+    a prefill peer seen with a new kv_epoch (PrefillPeers) → new_epoch: its rates restart
+    from the priors
 
 The prefill worker's queue is its last GetStats answer (PrefillPeers caches it: remote
 prefills poll it for progress anyway), drained by the learned remote rate for its age; an
@@ -36,12 +38,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATS_MAX_AGE_S = 0.5
+REMOTE_RATE, TRANSFER_RATE = "remote_prefill_tokens_per_second", "transfer_bytes_per_second"
 
 
 class PDChooser:
     """itl_budget_s: --local-prefill-itl-budget-ms; idle_budget_s:
-    --local-prefill-idle-budget-ms. The rates are this worker's (one
-    estimator for its prefill peers together)."""
+    --local-prefill-idle-budget-ms. The rates are this worker's: its local prefill rate,
+    and each prefill peer process's remote and transfer rates (pd_rates.py)."""
 
     def __init__(self, peers: PrefillPeers, metrics: DecodeMetrics, itl_budget_s: float,
                  stats_timeout_s: float, idle_budget_s: float = 0.25) -> None:
@@ -49,14 +52,15 @@ class PDChooser:
         self.policy = PDPolicy(itl_budget_s=itl_budget_s, idle_budget_s=idle_budget_s)
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()
+        peers.watch_epochs(self.new_epoch)
 
     def request(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDRequest:
         """The event loop's half of a decision (RemoteKV.add makes it on the engine thread).
         min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
         policy = self.policy if min_remote_tokens is None else \
             dataclasses.replace(self.policy, min_remote_tokens=min_remote_tokens)
-        return PDRequest(self.prefill_queue(peer), self.estimator.rates(), policy,
-                         self.block_bytes)
+        return PDRequest(self.prefill_queue(peer), self.estimator.rates(peer.address),
+                         policy, self.block_bytes)
 
     def prefill_queue(self, peer: PrefillPeer) -> int:
         """The peer's num_waiting_tokens now: its last answer, less what it computed since."""
@@ -65,7 +69,7 @@ class PDChooser:
             self.peers.refresh_load(peer, self.stats_timeout_s)
         if load is None:
             return 0
-        drained = (now - load.at) * self.estimator.remote.value
+        drained = (now - load.at) * self.estimator.peer(peer.address).remote.value
         return max(0, int(load.num_waiting_tokens - drained))
 
     def record(self, pd: PDRequest, d: PDDecision | None, planned: bool,
@@ -83,19 +87,34 @@ class PDChooser:
         """A local prefill gave its first token: uncached tokens / time since scheduled."""
         if req is not None and req.scheduled_time is not None:
             tokens = req.num_prompt_tokens - max(0, req.num_cached_tokens)
-            self.estimator.observe_local(tokens, time.monotonic() - req.scheduled_time)
-            self._publish()
+            taken = self.estimator.observe_local(tokens, time.monotonic() - req.scheduled_time)
+            self._count(taken, "local_prefill_tokens_per_second")
+            self.metrics.pd_rates.labels("local_prefill_tokens_per_second", "").set(
+                self.estimator.local.value)
 
-    def observe_remote(self, resp, arrival_seconds: float) -> None:
-        """A PrefillResponse (OK): its compute rate and the transfer's bandwidth."""
-        self.estimator.observe_remote(resp.num_computed_tokens, resp.compute_seconds)
-        self.estimator.observe_transfer(resp.transferred_bytes,
-                                        resp.transfer_seconds + arrival_seconds)
-        self._publish()
+    def observe_remote(self, peer: PrefillPeer, resp, arrival_seconds: float) -> None:
+        """A PrefillResponse (OK) of `peer`: its compute rate and the transfer's bandwidth."""
+        est, address, epoch = self.estimator, peer.address, peer.kv_epoch
+        self._count(est.observe_remote(address, epoch, resp.num_computed_tokens,
+                                       resp.compute_seconds), REMOTE_RATE)
+        self._count(est.observe_transfer(address, epoch, resp.transferred_bytes,
+                                         resp.transfer_seconds + arrival_seconds),
+                    TRANSFER_RATE)
+        self._publish(address)
 
-    def _publish(self) -> None:
-        r = self.estimator.rates()
+    def new_epoch(self, address: str, kv_epoch: int) -> None:
+        """The prefill worker at `address` restarted as process `kv_epoch` (PrefillPeers
+        calls this): counted, and its rates start again from the priors."""
+        self.metrics.prefill_peer_restarts.inc()
+        if self.estimator.new_epoch(address, kv_epoch):
+            self._publish(address)
+
+    def _count(self, taken: bool | None, kind: str) -> None:
+        if taken is False:
+            self.metrics.pd_rejected_samples.labels(kind).inc()
+
+    def _publish(self, address: str) -> None:
+        p = self.estimator.peer(address)
         gauge = self.metrics.pd_rates.labels
-        gauge("local_prefill_tokens_per_second").set(r.local_tokens_per_s)
-        gauge("remote_prefill_tokens_per_second").set(r.remote_tokens_per_s)
-        gauge("transfer_bytes_per_second").set(r.transfer_bytes_per_s)
+        gauge(REMOTE_RATE, address).set(p.remote.value)
+        gauge(TRANSFER_RATE, address).set(p.transfer.value)

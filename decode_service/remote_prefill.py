@@ -4,13 +4,15 @@
     RemotePrefill(plan).run():
       1. receiver.expect(transfer_id, plan.dst_block_ids, src_block_ids=plan.src_block_ids)
       2. Prefill(prompt, num_cached_on_decode, src_block_ids, dst_block_ids, endpoint)
-         ─▶ prefill worker (it reads the src blocks it lacks instead of computing them),
+         ─▶ prefill worker (it reads the src blocks it lacks instead of computing them);
+         answered STALE_HANDSHAKE (a restarted process on the address: it did nothing), it
+         is sent once more, to that process, as soon as it answered a new handshake;
          raced against the request's abort event and a progress watchdog: it is given up
          when the prefill worker's engine runs no step (GetStats `num_steps`) for
          prefill_timeout_seconds, however long its queue; prefill_max_seconds caps the call
       3. OK → poll the receiver until DONE (≤ kv_wait_seconds): every block has landed
       4. always: receiver.forget(transfer_id)
-    → RemoteResult(outcome, error, response, deadline, arrival_seconds)
+    → RemoteResult(outcome, error, response, deadline, arrival_seconds, peer)
 
     outcome                   the prefill worker ...                 a late write may land
     OK                        answered OK, the receiver saw DONE     no
@@ -45,6 +47,7 @@ import grpc
 from baton.engine.remote_kv import RemotePrefillPlan
 from baton.session_hints import SessionHint, hint_fields
 from baton.transfer import KVReceiver, TransferState
+from baton.worker.process import Rejected
 from decode_service.config import DecodeConfig
 from decode_service.peers import AbortAnswer, PrefillPeer, PrefillPeers
 from protos import common_pb2, prefill_pb2
@@ -84,13 +87,15 @@ class RemoteOutcome(enum.Enum):
 class RemoteResult:
     """response: the prefill worker's answer, if any (with OK: the first token). deadline:
     when the prefill worker promised to have stopped (time.monotonic()); arrival_seconds:
-    receiver wait after OK."""
+    receiver wait after OK; peer: the process the last Prefill went to (a restarted one
+    after STALE_HANDSHAKE), the one to release, abort or wait for."""
 
     outcome: RemoteOutcome
     error: str = ""
     response: prefill_pb2.PrefillResponse | None = None
     deadline: float = 0.0
     arrival_seconds: float = 0.0
+    peer: PrefillPeer | None = None
 
     @property
     def ok(self) -> bool:
@@ -121,14 +126,14 @@ class RemotePrefill:
             src_block_ids=src,
             transfer_id=self.transfer_id, endpoint=self.receiver.endpoint(),
             timeout_seconds=timeout, kv_epoch=self.peer.kv_epoch, **hint_fields(self.session))
-        deadline = time.monotonic() + timeout
+        self.deadline = time.monotonic() + timeout
         try:
-            result = await self._call(request)
+            result = await self._send(request)
             if result.ok:
                 result = await self._await_arrival(result)
         finally:
             self.receiver.forget(self.transfer_id)
-        result.deadline = deadline
+        result.deadline, result.peer = self.deadline, self.peer
         if not result.ok:
             log.warning("remote prefill failed: %s", result.error,
                         extra={"request_id": self.rid, "peer": self.peer.address,
@@ -143,6 +148,27 @@ class RemotePrefill:
         may_land = not stopped and not self.receiver.refuses_late_writes
         return RemoteResult(RemoteOutcome.failure(aborted=aborted, writes_may_land=may_land),
                             error, response)
+
+    async def _send(self, request: prefill_pb2.PrefillRequest) -> RemoteResult:
+        """The Prefill call; one a restarted process refused (STALE_HANDSHAKE: it did
+        nothing, so no block was read or written) goes again, once, to that process as soon
+        as it answered a handshake."""
+        result = await self._call(request)
+        resp = result.response
+        if resp is None or resp.status != _STATUS.PREFILL_STATUS_STALE_HANDSHAKE or \
+                self.aborted.is_set():
+            return result
+        try:
+            self.peer = await self.peers.get(self.peer.address)
+        except Rejected as e:
+            log.info("no new handshake with the restarted prefill worker: %s", e.details,
+                     extra={"request_id": self.rid, "peer": self.peer.address})
+            return result
+        log.info("prefill worker restarted: Prefill sent again to its new process",
+                 extra={"request_id": self.rid, "peer": self.peer.address})
+        request.kv_epoch = self.peer.kv_epoch
+        self.deadline = time.monotonic() + self.config.prefill_max_seconds
+        return await self._call(request)
 
     async def _call(self, request: prefill_pb2.PrefillRequest) -> RemoteResult:
         call = self.peer.stub.Prefill(request, timeout=self.config.prefill_max_seconds)
@@ -159,7 +185,7 @@ class RemotePrefill:
             reply.cancel()
             confirmed = await self._abort()
             if stalled.done() and not stalled.cancelled() and not self.aborted.is_set():
-                self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
+                self.peers.forget(self.peer)  # re-handshake: it may have restarted
                 return self._failed("Prefill call failed: DEADLINE_EXCEEDED the prefill "
                                     f"worker ran no step for "
                                     f"{self.config.prefill_timeout_seconds:g} s",
@@ -173,7 +199,7 @@ class RemotePrefill:
         if resp.status != _STATUS.PREFILL_STATUS_OK:
             if resp.status in (_STATUS.PREFILL_STATUS_LAYOUT_MISMATCH,
                                _STATUS.PREFILL_STATUS_STALE_HANDSHAKE):
-                self.peers.forget(self.peer.address)
+                self.peers.forget(self.peer)
             return self._failed(f"prefill worker answered {_STATUS.Name(resp.status)}: "
                                 f"{resp.error}", stopped=True, response=resp)
         return RemoteResult(RemoteOutcome.OK, response=resp)
@@ -210,7 +236,7 @@ class RemotePrefill:
             return RemoteResult(RemoteOutcome.REJECTED, error)
         if code == grpc.StatusCode.ALREADY_EXISTS:  # refused: nothing was or will be sent
             return self._failed(error, stopped=True)
-        self.peers.forget(self.peer.address)  # re-handshake: it may have restarted
+        self.peers.forget(self.peer)  # re-handshake: it may have restarted
         return self._failed(error, stopped=await self._abort())
 
     async def _await_arrival(self, result: RemoteResult) -> RemoteResult:

@@ -178,6 +178,7 @@ class DecodeSequence:
         finally:
             ctx.metrics.remote_inflight.dec()
         self.remote = result
+        peer = result.peer or peer  # the process it ended on (a restarted one, maybe)
         if result.response is not None and \
                 result.response.status == prefill_pb2.PREFILL_STATUS_OK:
             ctx.spawn(ctx.peers.release(peer, self.seq_id), self.seq_id)  # lease ends
@@ -188,7 +189,7 @@ class DecodeSequence:
         label = self.ctx.metrics.remote_prefills.labels
         outcome = result.outcome
         if outcome is RemoteOutcome.OK:
-            await self._finish_remote(result)
+            await self._finish_remote(peer, result)
         elif outcome is RemoteOutcome.REJECTED:  # the request is bad: fail it, don't retry
             label("rejected").inc()
             await self._fail_remote(peer, result, recompute=False)
@@ -204,14 +205,14 @@ class DecodeSequence:
             label("failed").inc()
             await self._fail_remote(peer, result, recompute=False)
 
-    async def _finish_remote(self, result: RemoteResult) -> None:
+    async def _finish_remote(self, peer: PrefillPeer, result: RemoteResult) -> None:
         rid, rkv, resp = self.seq_id, self.remote_kv, result.response
         lp = logprob_from_proto(resp.first_token_logprobs) \
             if resp.HasField("first_token_logprobs") else None
         await self.engine.call(lambda e: rkv.finish(rid, resp.first_token_id, lp),
                                deliver=True)
         self._to(S.RUNNING)
-        self.ctx.pd.observe_remote(resp, result.arrival_seconds)
+        self.ctx.pd.observe_remote(peer, resp, result.arrival_seconds)
         m = self.ctx.metrics
         m.remote_prefills.labels("ok").inc()
         m.received_blocks.inc(resp.num_transferred_blocks)

@@ -56,6 +56,13 @@ class GatewayMetrics:
                                       "predicted TTFT exceeded --slo-ttft-ms", registry=r)
         self.disconnects = Counter("baton_gateway_client_disconnects",
                                    "Requests aborted because the client went away", registry=r)
+        self.worker_restarts = Counter("baton_gateway_worker_restarts", "Workers seen with a "
+                                       "new kv_epoch (restarted), by role", ["role"],
+                                       registry=r)
+
+    def count_restart(self, role: str, address: str) -> None:
+        """A poll saw the worker at `address` restarted (WorkerPool's on_worker_restarted)."""
+        self.worker_restarts.labels(role).inc()
 
     def count_cached_by(self, usage) -> None:
         """A finished request's Usage split (common_pb2.Usage.cached_by) into the counters."""

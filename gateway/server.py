@@ -58,7 +58,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.router = Router(config.router)
         self.pool = WorkerPool(config, config.router.policy is not RoutingPolicy.ROUND_ROBIN,
-                               on_worker_removed=self.router.forget_worker)
+                               on_worker_removed=self.router.forget_worker,
+                               on_worker_restarted=self.metrics.count_restart)
         self.dispatcher = Dispatcher(config, self.pool, self.router, self.metrics)
         self.drain = Drain()
         self.http_port: int | None = None

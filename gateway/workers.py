@@ -10,7 +10,11 @@
 
 A worker that fails a call (UNAVAILABLE) is marked unhealthy at once (`mark_failed`), so the
 next request goes elsewhere without waiting for a poll. Block hashes arrive as a full
-snapshot (protos/common.proto); a new kv_epoch means the worker restarted: its old hashes go.
+snapshot (protos/common.proto); a new kv_epoch means the worker restarted: its old hashes go
+(a reply without a snapshot leaves none), what this gateway sent it is forgotten
+(`on_worker_removed`: the router's sent index) and the restart is counted
+(`on_worker_restarted`). Sessions routed there stay: only what they expected it to hold
+resets, so their next turn is routed and admitted as a cold prompt on the worker.
 """
 from __future__ import annotations
 
@@ -80,12 +84,18 @@ class Worker:
             cached=self.block_hashes if fresh else frozenset())
 
 
-def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> None:
-    """Take a GetStats reply: load, its epoch, and the block-hash snapshot when it has one."""
+def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> bool:
+    """Take a GetStats reply: load, its epoch, and the block-hash snapshot when it has one.
+    True when the epoch changed (the worker restarted): the hashes of its predecessor go,
+    replaced by the snapshot or by none."""
+    restarted = bool(worker.kv_epoch) and stats.kv_epoch != worker.kv_epoch
     if stats.HasField("snapshot"):
         worker.block_hashes = set(stats.snapshot.block_hashes)
+    elif restarted:
+        worker.block_hashes = set()
     worker.kv_epoch = stats.kv_epoch
     worker.stats, worker.stats_at, worker.started_since_stats = stats, now, 0
+    return restarted
 
 
 def read_workers_file(path: str) -> dict[str, list[str]]:
@@ -129,10 +139,13 @@ class WorkerPool:
     """All workers by role; call `start()` in the running loop and `close()` at the end."""
 
     def __init__(self, config: GatewayConfig, include_block_hashes: bool = True,
-                 on_worker_removed=None) -> None:
+                 on_worker_removed=None, on_worker_restarted=None) -> None:
+        """on_worker_removed(address): it left or restarted (what was sent to it is gone);
+        on_worker_restarted(role, address): a poll saw it with a new kv_epoch."""
         self.config = config
         self._include_hashes = include_block_hashes
         self._on_removed = on_worker_removed or (lambda address: None)
+        self._on_restarted = on_worker_restarted or (lambda role, address: None)
         self.workers: dict[str, dict[str, Worker]] = {DECODE: {}, PREFILL: {}}
         self._resolved: dict[str, list[str]] = {}
         self._refresher: asyncio.Task | None = None
@@ -293,9 +306,12 @@ class WorkerPool:
             w.stub.GetStats(req, timeout=timeout), return_exceptions=True)
         if not isinstance(stats, BaseException):
             old_epoch = w.kv_epoch
-            apply_stats(w, stats, time.monotonic())
-            if old_epoch and stats.kv_epoch != old_epoch:
-                self._on_removed(w.address)  # restarted: its cache and our sent index are gone
+            if apply_stats(w, stats, time.monotonic()):
+                logger.warning("%s worker %s restarted (kv_epoch %016x, was %016x): what it "
+                               "held and what was sent to it are forgotten", w.role, w.address,
+                               stats.kv_epoch, old_epoch)
+                self._on_removed(w.address)  # its cache and our sent index are gone
+                self._on_restarted(w.role, w.address)
         # The health service decides; failed stats only go stale (the router then ignores
         # them). Without a health service, answering GetStats is the proof of life.
         if isinstance(health, grpc.aio.AioRpcError) and \

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.load_helpers import free_port
+from tests.restart_helpers import Output
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -25,17 +26,19 @@ SYSTEM = ("You are a travel agent. Use tools to look up flights, then answer bri
 @contextlib.contextmanager
 def baton_up(model: Path | str, *args: str, timeout: float = 240.0,
              command: tuple[str, ...] = (sys.executable, "-m", "baton.cli"),
-             cwd: Path = REPO, env: dict[str, str] | None = None, num_blocks: int | None = 256):
+             cwd: Path = REPO, env: dict[str, str] | None = None, num_blocks: int | None = 256,
+             follow: bool = False):
     """Run `baton up` (`command` up ...: this checkout's by default) until its ready banner;
     yield (base_url, process); stop with SIGINT. num_blocks None: pools sized by `baton up`
-    from the memory free (its default)."""
+    from the memory free (its default). follow: a thread reads the rest of its output
+    (restart_helpers.Output) and (base_url, process, output) is yielded."""
     port = free_port()
     pool = ["--num-blocks", str(num_blocks)] if num_blocks is not None else []
     proc = subprocess.Popen(
         [*command, "up", "--model", str(model), "--port", str(port), *pool, *args],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=env if env is not None else {**os.environ, "PYTHONPATH": str(REPO)})
-    lines = []
+    lines, output = [], None
     deadline = time.monotonic() + timeout
     try:
         for line in proc.stdout:
@@ -45,14 +48,19 @@ def baton_up(model: Path | str, *args: str, timeout: float = 240.0,
             assert time.monotonic() < deadline, "".join(lines)
         else:
             raise AssertionError(f"baton up exited ({proc.wait()}):\n{''.join(lines)}")
-        yield f"http://127.0.0.1:{port}", proc
+        url = f"http://127.0.0.1:{port}"
+        output = Output(proc) if follow else None
+        yield (url, proc) if output is None else (url, proc, output)
     finally:
+        since = output.mark() if output is not None else 0
         proc.send_signal(signal.SIGINT)
         try:
-            rest, _ = proc.communicate(timeout=60)
+            rest, _ = proc.communicate(timeout=60) if output is None else ("", proc.wait(60))
         except subprocess.TimeoutExpired:
             proc.kill()
             rest, _ = proc.communicate()
+        if output is not None:
+            rest = output.rest(since, 10.0)
         assert "[baton up] stopped" in rest, "".join(lines) + rest
 
 

@@ -3,6 +3,7 @@ session's turn 2 prefilled on another engine from what turn 1 wrote (fp32 greedy
 equal the no-store run and transformers'), a corrupt value dropped and recomputed, a store
 that is unreachable or dies while serving costs nothing but the hits."""
 import random
+import time
 
 import pytest
 import torch
@@ -71,6 +72,50 @@ def test_block_round_trip_between_two_clients(store_url):
     finally:
         a.close()
         b.close()
+
+
+def test_a_restarted_master_is_reconnected_and_blocks_are_stored_again(tmp_path):
+    """Issue 27: a master that restarts on its port has lost every object; the clients
+    notice (their sentinel is gone, or a call failed and the breaker closed again), count a
+    reconnect, and the tier publishes again what it believed stored, so another worker
+    finds the block once more."""
+    need_mooncake()
+    child, url = start_master(tmp_path / "master.log")
+    a = b = None
+    try:
+        a, b = _tier(url, 3), _tier(url, 3)
+        tokens = tuple(range(BS))
+        block = Block(2, 1, block_hash=0xDEF, token_ids=tokens)
+        a.publish([block])
+        assert a.flush() and b.claim(0xDEF, tokens) is not None
+        b.finish(b.claim(0xDEF, tokens), 4)
+        stop_master(child)
+        child, _ = start_master(tmp_path / "master2.log", port=child.port)
+        for tier in (a, b):
+            tier.client.retry_s = 0.2
+            _until(lambda t=tier: t.client.reconnects >= 1 and t.client.connected)
+        assert b.claim(0xDEF, tokens) is None  # the new master holds nothing
+
+        def stored_again() -> bool:
+            a.publish([block])  # before the fix: "known stored", never written again
+            a.flush()
+            return b.client.exists_many([b.key(0xDEF)]) == [True]
+        _until(stored_again)
+        assert a.counts().totals.reconnects >= 1
+    finally:
+        for tier in (a, b):
+            if tier is not None:
+                tier.close()
+        stop_master(child)
+
+
+def _until(predicate, tries: int = 100, pause_s: float = 0.1) -> None:
+    """Wait (bounded) for the writer threads' breaker checks, about one a second."""
+    for _ in range(tries):
+        if predicate():
+            return
+        time.sleep(pause_s)
+    raise AssertionError("condition not met")
 
 
 def _turns(folder):

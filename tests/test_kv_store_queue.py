@@ -22,6 +22,7 @@ class FakeClient:
         self.gate.set()
         self.connected = True
         self.unavailable = 0
+        self.epoch, self.reconnects = 1, 0  # the connection's generation (store_client.py)
         self.retry_s = 1.0
         self.segment_bytes = 0
         self.puts = 0
@@ -94,6 +95,23 @@ def test_blocks_the_store_has_are_not_put_again():
     tier._known.clear()  # another worker's view: it does not know they are there
     tier.publish([_block(0), _block(1), _block(2)])
     assert tier.flush(30) and client.puts == 3  # only block 2
+    tier.close()
+
+
+def test_a_new_connection_epoch_publishes_known_blocks_again():
+    """A master that restarted lost every value: after the client's new epoch, blocks the
+    tier believed stored are not "known" any more, so publishing them writes them again."""
+    tier, client = _tier(slots=4)
+    tier.publish([_block(0), _block(1)])
+    assert tier.flush(30) and client.puts == 2 and tier.contains(1000)
+    tier.publish([_block(0)])
+    assert tier.flush(30) and client.puts == 2  # known: not even queued
+    client.values.clear()  # the master restarted...
+    client.epoch, client.reconnects = 2, 1  # ...and the client reconnected
+    assert not tier.contains(1000)
+    tier.publish([_block(0), _block(1)])
+    assert tier.flush(30) and client.puts == 4
+    assert tier.counts().totals.reconnects == 1
     tier.close()
 
 

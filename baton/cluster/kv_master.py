@@ -7,7 +7,9 @@ free port, killed with `baton up` (child.py's PR_SET_PDEATHSIG).
 
 The master holds only metadata: the blocks live in the segments the workers' clients lend
 (store_client.py, --kv-store-segment-bytes); no HTTP metadata server (clients handshake peer
-to peer). Lease: a read pins an object against eviction for that long (Mooncake's default
+to peer). One that dies is started again on its port by `baton up`'s supervisor
+(`restart_master`); it comes back empty, and the workers' clients notice and reconnect
+(store_client.py). Lease: a read pins an object against eviction for that long (Mooncake's default
 10 s would keep a full store from taking new blocks while old ones are being read).
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -61,22 +64,42 @@ def wait_listening(port: int, child: Child, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def start_master(log_path: Path, env: dict[str, str] | None = None) -> tuple[Child, str]:
-    """Start a master (module docstring); returns (its Child, mooncake://127.0.0.1:PORT) once
-    it listens. RuntimeError when the package is missing or the master does not come up."""
+def start_master(log_path: Path, env: dict[str, str] | None = None,
+                 port: int | None = None) -> tuple[Child, str]:
+    """Start a master (module docstring) on `port` (None: a free one); returns (its Child,
+    mooncake://127.0.0.1:PORT) once it listens. RuntimeError when the package is missing or
+    the master does not come up."""
     binary = master_binary()
     if binary is None:
         raise RuntimeError("mooncake_master not found: pip install -r requirements.txt "
                            "(mooncake-transfer-engine-non-cuda)")
-    port = free_port()
-    child = Child("kv-store", master_argv(binary, port, free_port()), log_path)
+    port = port or free_port()
+    child = Child("kv-store", master_argv(binary, port, free_port()), log_path, port=port)
     child.start(dict(os.environ) if env is None else env)
     try:
         wait_listening(port, child)
     except RuntimeError:
         stop_master(child)
         raise
+    child.ready.set()
     return child, f"mooncake://127.0.0.1:{port}"
+
+
+def restart_master(old: Child, env: dict[str, str]) -> Child:
+    """Start a dead master again: same command, port and log. Returns at once; the new
+    Child's `ready` is set once it listens (a thread waits: the supervisor's tick never
+    blocks), never when it dies first (the supervisor sees that)."""
+    child = Child(old.name, old.argv, old.log_path, port=old.port)
+    child.start(env)
+
+    def mark_ready() -> None:
+        try:
+            wait_listening(child.port, child)
+        except RuntimeError:
+            return
+        child.ready.set()
+    threading.Thread(target=mark_ready, name="kv-store-ready", daemon=True).start()
+    return child
 
 
 def stop_master(child: Child, timeout_s: float = 10.0) -> None:

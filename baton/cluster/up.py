@@ -9,7 +9,8 @@
    worker at once);
 1b. with --kv-store mooncake (and no --kv-store-url), start a local mooncake_master on a
    free port (kv_master.py; killed with this process) and give every worker its URL
-   (--kv-store-url); it is not restarted if it dies (workers then serve without it);
+   (--kv-store-url); one that dies is restarted on its port like any child (the workers
+   serve without the store meanwhile, then reconnect: store_client.py);
 2. start every worker as `python -m prefill_service|decode_service --port 0` (its own process
    group, one torch thread, killed with this process if it dies: child.py; flags and CPU
    sets: plan.py) and wait for each one's `READY port=N` line; colocated mode starts decode
@@ -55,7 +56,7 @@ from pathlib import Path
 from baton.cluster.child import Child
 from baton.cluster.devices import device_flags
 from baton.cluster.flags import backoff, bad_flags, parse_up_args, port_taken
-from baton.cluster.kv_master import start_master, stop_master
+from baton.cluster.kv_master import restart_master, start_master, stop_master
 from baton.cluster.plan import (
     child_env,
     cpu_plan,
@@ -113,8 +114,9 @@ class Cluster:
 
     @property
     def children(self) -> list[Child]:
-        """Started children, in stop order (gateway, decode, prefill)."""
-        return [c for c in [self.gateway, *self.decode, *self.prefill] if c is not None]
+        """Started children, in stop order (gateway, decode, prefill, the KV store master)."""
+        return [c for c in [self.gateway, *self.decode, *self.prefill, self.kv_master]
+                if c is not None]
 
     def _env(self, role: str) -> dict[str, str]:
         """A child's environment: the gateway's holds the API key (plan.gateway_env)."""
@@ -130,7 +132,11 @@ class Cluster:
 
     def restart(self, old: Child) -> Child:
         """Start a dead child again with its flags, on the port it had (a worker) or its
-        fixed ports (the gateway), so nobody needs its new address; same log file."""
+        fixed ports (the gateway, the KV store master), so nobody needs its new address;
+        same log file."""
+        if old is self.kv_master:
+            self.kv_master = restart_master(old, self.env)
+            return self.kv_master
         role = self.roles[old.name]
         argv = old.argv if role == "gateway" else [
             sys.executable, "-m", ROLE_MODULES[role],

@@ -23,7 +23,10 @@ worker's prompt) instead of recomputing them.
 - Reads: `claim(hash, tokens)` gets, verifies and stages the value; `finish` copies it into
   the pool block (kv_cache.py's two-phase load, as kv_tier.py).
 - A store that is down (store_client.py's breaker) makes reads misses and writes no-ops:
-  requests are served as without the store; `unavailable` counts it.
+  requests are served as without the store; `unavailable` counts it. A new connection epoch
+  (the master came back after an outage, or restarted and lost every object) empties the
+  set of blocks known to be stored, so finished requests publish them again (`reconnects`
+  counts the epochs after the first).
 """
 from __future__ import annotations
 
@@ -113,6 +116,7 @@ class StoreTier:
         self._pending = 0  # queued or being written (engine thread adds, writer subtracts)
         self._idle = threading.Condition()
         self._known: OrderedDict[int, None] = OrderedDict()  # engine thread only
+        self._epoch = 0  # the client's connection epoch `_known` is about
         self._forget: queue.SimpleQueue = queue.SimpleQueue()  # writer → engine thread
         self._load_buf = torch.empty(shape, dtype=dtype)
         self.totals = TierTotals()
@@ -126,8 +130,15 @@ class StoreTier:
     def key(self, block_hash: int) -> str:
         return f"{self.prefix}{block_hash:016x}"
 
+    def _known_now(self) -> OrderedDict[int, None]:
+        """`_known`, emptied first when the client connected anew since (engine thread)."""
+        if self.client.epoch != self._epoch:
+            self._epoch = self.client.epoch
+            self._known.clear()
+        return self._known
+
     def _remember(self, block_hash: int) -> None:
-        self._known[block_hash] = None
+        self._known_now()[block_hash] = None
         self._known.move_to_end(block_hash)
         if len(self._known) > _KNOWN_MAX:
             self._known.popitem(last=False)
@@ -136,12 +147,13 @@ class StoreTier:
     def publish(self, blocks: Sequence[Block]) -> None:
         """Queue the cached blocks of `blocks` the store is not known to hold (engine
         thread; their KV is copied out now, so the pool may reuse them at once)."""
+        known = self._known_now()
         while not self._forget.empty():  # writes that failed: not in the store after all
-            self._known.pop(self._forget.get(), None)
+            known.pop(self._forget.get(), None)
         if not self.client.connected:
             return  # down (or never up): nothing to write to; the writer retries set-up
         for b in blocks:
-            if b.block_hash is None or b.block_hash in self._known:
+            if b.block_hash is None or b.block_hash in known:
                 continue
             with self._free_lock:
                 slot = self._free.pop() if self._free else None
@@ -252,13 +264,14 @@ class StoreTier:
 
     def contains(self, block_hash: int) -> bool:
         """Known to be in the store (put or loaded here; no call: queue-order estimates)."""
-        return block_hash in self._known
+        return block_hash in self._known_now()
 
     def counts(self) -> TierCounts:
         """The store's TierCounts: blocks = hashes known here, capacity = the segment this
         worker lends (the store's own size is the master's)."""
         n = len(self._known)
         self.totals.unavailable = self.client.unavailable
+        self.totals.reconnects = self.client.reconnects
         return TierCounts("store", n, n * self.block_bytes, self.client.segment_bytes,
                           self.totals)
 

@@ -50,7 +50,8 @@ class TierTotals:
     in this tier. saved_* / loaded_*: blocks moved into / out of this tier, their bytes and
     the seconds spent. dropped_blocks: blocks this tier lost to a failed write or a corrupt,
     truncated or missing file (each recomputed when next needed). unavailable: the KV
-    store tier's calls answered "down" (kv_store.py; 0 for host and disk).
+    store tier's calls answered "down" (kv_store.py; 0 for host and disk); reconnects: its
+    new connections to a master that came back or restarted.
     """
 
     hits: int = 0
@@ -63,6 +64,7 @@ class TierTotals:
     load_seconds: float = 0.0
     dropped_blocks: int = 0
     unavailable: int = 0  # the KV store's calls not made or failed while it was down
+    reconnects: int = 0  # the KV store's connection epochs after the first (store_client.py)
 
 
 class TierCounts(NamedTuple):

@@ -14,6 +14,15 @@ connections) → down; `check()`, on the store tier's writer thread about once a
 up and closes the breaker again once the master accepts connections (tried every
 `retry_s`). While down every call answers "unavailable" at once; `unavailable` counts
 those answers plus the failures.
+
+A restarted master knows nothing: no object, no segment (the library mounts this client's
+segment again by itself within about a second, its first puts meanwhile refused). Each
+connection therefore puts a small sentinel value under a key of its own, and `check()` asks
+for it while connected: gone means the master is not the one this client knew (it
+restarted, or evicted the sentinel under pressure: either way what this client believed
+stored may not be). Both that and a breaker closing again after an outage start a new
+`epoch` (counted in `reconnects`): the store tier then forgets which blocks it believed
+stored (kv_store.py) and publishes them again.
 Library: PyPI `mooncake-transfer-engine-non-cuda` (module `mooncake.store`); it needs
 Debian's libibverbs1 and librdmacm1 even for TCP.
 """
@@ -23,6 +32,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from urllib.parse import urlparse
 
@@ -83,8 +93,13 @@ class MooncakeClient:
         self.retry_s = retry_s
         self.unavailable = 0
         self.refused = 0  # puts the store refused (full), breaker untouched
+        self.epoch = 0  # the master connection's generation (module docstring); 0: none yet
+        self.reconnects = 0  # epochs after the first: outages ended, master restarts seen
+        self._sentinel = f"baton-kv/alive/{uuid.uuid4().hex}"
+        self._sentinel_put = False  # stored under this epoch (else: put it at the next check)
         self._store = None
         self._down = True  # until set up; then while the breaker is open
+        self._gone = False  # the master refused connections since the breaker opened
         self._retry_at = 0.0
         self._closed = False
         self._up = threading.Event()  # set once set-up succeeded
@@ -108,21 +123,53 @@ class MooncakeClient:
         """The breaker's clock (one background thread calls it about once a second): set up
         when not yet, close the breaker once the master answers again, open it when the
         master stops answering. A TCP connect to the master decides first: the library's
-        calls hold the GIL, and against a dead master they take seconds (set-up ~90 s)."""
+        calls hold the GIL, and against a dead master they take seconds (set-up ~90 s).
+        While the breaker is open that connect is tried every check: a master that went
+        away (refused) and answers again is a restarted one, used at once; one that kept
+        answering while calls failed is retried only every `retry_s`."""
         if self._closed:
             return
         now = time.monotonic()
-        if self._down and now < self._retry_at:
-            return
-        up = self._reachable()
-        if not up:
+        if not self._reachable():
+            self._gone = True
             if not self._down or now >= self._retry_at:
                 self._trip("master not reachable")
             return
+        if self._down and now < self._retry_at and not self._gone:
+            return
+        self._gone = False
         if self._store is None:
             self._connect()
-        else:
+        elif self._down:
             self._down = False
+            self._new_epoch("the master answers again")
+        else:
+            self._verify()
+
+    def _new_epoch(self, why: str) -> None:
+        self.epoch += 1
+        self._sentinel_put = False
+        if self.epoch > 1:
+            self.reconnects += 1
+            log.warning("KV store %s: %s; blocks believed stored are published again",
+                        self.url, why)
+        self._verify()
+
+    def _verify(self) -> None:
+        """Connected: put the sentinel once per epoch, then check it is still there (gone:
+        another master, a new epoch)."""
+        store = self._store
+        if not self._sentinel_put:
+            rc = store.put_parts(self._sentinel, b"1")
+            if rc == RPC_FAIL:
+                self._trip(f"put returned {rc}")
+            self._sentinel_put = rc == 0  # refused: the segment is not mounted again yet
+            return
+        code = store.is_exist(self._sentinel)
+        if code < 0:
+            self._trip(f"is_exist returned {code}")
+        elif code == 0:
+            self._new_epoch("the master lost what it held (restarted)")
 
     def _connect(self) -> None:
         err = import_error()
@@ -144,6 +191,7 @@ class MooncakeClient:
         self._up.set()
         log.info("KV store %s connected (segment %d B, local %s)", self.url, self.segment_bytes,
                  self.local_host)
+        self._new_epoch("connected")
 
     def _trip(self, why: str) -> None:
         if not self._down or not self.unavailable:

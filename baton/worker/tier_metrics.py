@@ -20,6 +20,8 @@ engine's prefix hits in tokens by where it found them,
     baton_kv_tier_load_seconds_total{tier}       counter  seconds spent on those loads
     baton_kv_tier_dropped_blocks_total{tier}     counter  blocks lost (bad file, failed write)
     baton_kv_tier_unavailable_total{tier}        counter  store calls answered "down"
+    baton_kv_tier_reconnects_total{tier}         counter  new store connections after an
+                                                          outage or a master restart
     baton_kv_tier_recomputed_blocks_total        counter  tier blocks found unusable on load
                                                           and recomputed
 """
@@ -46,6 +48,8 @@ _COUNTERS = (
      lambda t: t.dropped_blocks),
     ("unavailable", "Tier calls not made or failed because the KV store was down",
      lambda t: t.unavailable),
+    ("reconnects", "New connections to a KV store master that came back or restarted "
+     "(blocks believed stored are published again)", lambda t: t.reconnects),
 )
 
 

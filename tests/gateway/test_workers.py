@@ -40,6 +40,19 @@ def test_stats_snapshot_replaces_hashes_and_keeps_epoch():
     assert w.block_hashes == {8} and w.kv_epoch == 10
 
 
+def test_a_restart_reported_without_a_snapshot_leaves_no_old_hashes():
+    """A new kv_epoch is a new process: what the old one held is gone even when the reply
+    carries no hashes (not asked for); apply_stats says it restarted."""
+    w = _worker()
+    snap = common_pb2.WorkerStats(kv_epoch=9)
+    snap.snapshot.block_hashes.extend([1, 2, 3])
+    assert apply_stats(w, snap, 1.0) is False  # the first stats: no restart
+    assert apply_stats(w, common_pb2.WorkerStats(kv_epoch=9), 2.0) is False
+    assert w.block_hashes == {1, 2, 3}
+    assert apply_stats(w, common_pb2.WorkerStats(kv_epoch=10), 3.0) is True
+    assert w.block_hashes == set() and w.kv_epoch == 10
+
+
 def test_stale_stats_read_as_unknown_load():
     w = _worker()
     apply_stats(w, common_pb2.WorkerStats(load=9.0), now=100.0)
@@ -124,6 +137,29 @@ async def test_session_sticks_then_moves_when_its_worker_dies(prompts):
             assert len(other.servicer.requests) == 1
             assert gw.router.session_of("s")[0] == other.address
     await other.stop(0)
+
+
+async def test_restarted_decode_worker_keeps_its_sessions_not_their_blocks(prompts):
+    """A decode worker that restarts (new kv_epoch in its stats) is counted; the session
+    routed there stays on it, but nothing it was sent or held counts as cached any more."""
+    a = await FakeWorker.start()
+    async with running_gateway(prompts, [a]) as gw:
+        async with httpx.AsyncClient(base_url=gw.http_url, timeout=5) as c:
+            r = await c.post("/v1/chat/completions", json=CHAT, headers={"X-Session-ID": "s"})
+            assert r.status_code == 200
+            assert gw.router._sent.get(a.address)  # the gateway expects its prefix there
+            a.servicer.kv_epoch = 2  # a new process on the same address
+            restarts = lambda: gw.metrics.registry.get_sample_value(  # noqa: E731
+                "baton_gateway_worker_restarts_total", {"role": "decode"})
+            await wait_until(lambda: restarts() == 1)
+            assert not gw.router._sent.get(a.address)
+            assert gw.router.session_of("s")[0] == a.address
+            r = await c.post("/v1/chat/completions", json=CHAT, headers={"X-Session-ID": "s"})
+            assert r.status_code == 200 and len(a.servicer.requests) == 2
+            assert gw.metrics.registry.get_sample_value(
+                "baton_gateway_routing_decisions_total",
+                {"policy": "session", "reason": "sticky"}) == 1
+    await a.stop(0)
 
 
 async def test_routing_recovers_from_stale_stats(prompts):

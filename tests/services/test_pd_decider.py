@@ -92,12 +92,12 @@ def test_transfer_cost_counts_blocks_written_and_decodes_hit_read_back():
 def test_estimator_learns_with_an_ewma_and_ignores_tiny_samples():
     est = PDEstimator()
     est.observe_local(8, 1.0)  # too short to measure a rate
-    assert est.rates().local_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
+    assert est.rates("p:1").local_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
     for _ in range(60):
         est.observe_local(500, 1.0)
-        est.observe_remote(1000, 0.1)
-        est.observe_transfer(10**8, 0.5)
-    r = est.rates()
+        est.observe_remote("p:1", 7, 1000, 0.1)
+        est.observe_transfer("p:1", 7, 10**8, 0.5)
+    r = est.rates("p:1")
     assert r.local_tokens_per_s == pytest.approx(500, rel=1e-3)
     assert r.remote_tokens_per_s == pytest.approx(10_000, rel=1e-3)
     assert r.transfer_bytes_per_s == pytest.approx(2e8, rel=1e-3)

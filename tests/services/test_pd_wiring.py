@@ -32,7 +32,8 @@ async def start(cluster, model):
     decode = await cluster.decode(model, "grpc", prefill.address, min_remote_tokens=None,
                                   local_prefill_itl_budget_ms=50.0)
     est = decode.worker.ctx.pd.estimator  # pin the rates: 1000 prompt tokens/s each side
-    est.local, est.remote = Ewma(1000.0, alpha=0.0), Ewma(1000.0, alpha=0.0)
+    est.local = Ewma(1000.0, alpha=0.0)
+    est.peer(prefill.address).remote = Ewma(1000.0, alpha=0.0)
     return prefill, decode, cluster.client(decode)
 
 

@@ -117,8 +117,9 @@ async def test_quarantine_without_that_answer_lasts_until_the_deadline(monkeypat
 # ---- kv_epoch: only the process that shook hands writes, and only its answers count ------
 async def test_prefill_refuses_another_process_handshake_and_names_itself(cluster, model):
     """A prefill worker that restarted since the handshake (simulated: the decode worker's
-    cached peer carries another kv_epoch) does no work for it: the prompt is recomputed, the
-    peer re-handshaken for the next request; Abort answers say which process answered."""
+    cached peer carries another kv_epoch) does no work for it (STALE_HANDSHAKE); the decode
+    worker shakes hands again at once and sends the Prefill once more, to the live process:
+    the request is prefilled remotely, once. Abort answers say which process answered."""
     prefill = await cluster.prefill(model, "nixl")
     decode = await cluster.decode(model, "nixl", prefill.address, **FORCE_REMOTE)
     client = cluster.client(decode, prefill)
@@ -131,9 +132,8 @@ async def test_prefill_refuses_another_process_handshake_and_names_itself(cluste
     decode.peers._peers[prefill.address] = stale
     prompt = prompt_of(40, 23)
     res = await client.generate(prompt)
-    assert res.output == hf_greedy(model, prompt, 8) and not res.fin.timings.remote_prefill
-    assert sample(prefill, "baton_prefill_computed_tokens_total") == 0  # it did nothing
-    res = await client.generate(prompt_of(40, 24))
-    assert res.fin.timings.remote_prefill  # handshaken again with the live process
+    assert res.output == hf_greedy(model, prompt, 8) and res.fin.timings.remote_prefill
+    assert sample(prefill, "baton_prefill_computed_tokens_total") == 40  # computed once
+    assert sample(decode, "baton_decode_remote_prefills_total", outcome="ok") == 1
     assert (await decode.peers.get(prefill.address)).kv_epoch == epoch
     await pools_whole(prefill, decode)
