@@ -22,6 +22,7 @@ from typing import Any
 from gateway.chat_templates import resolve_chat_template, tools_ignored
 from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
+from gateway.session_tokens import SessionTokens
 
 
 class PromptError(RequestError):
@@ -37,6 +38,7 @@ class PromptBuilder:
         self.max_model_len = max_model_len
         self.chat_template = chat_template
         self.encoder = PieceTokenizer(tokenizer)
+        self.sessions = SessionTokens(self.encoder)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
 
@@ -64,8 +66,9 @@ class PromptBuilder:
     def chat_token_ids(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None,
                        add_generation_prompt: bool = True,
-                       add_special_tokens: bool = False) -> list[int]:
-        """Render normalized messages through the chat template and tokenize."""
+                       add_special_tokens: bool = False, session_id: str = "") -> list[int]:
+        """Render normalized messages through the chat template and tokenize (incrementally
+        from the session's last prompt when `session_id` is set: gateway/session_tokens.py)."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
         if self.chat_template is None and self.tokenizer.chat_template is None:
@@ -80,18 +83,19 @@ class PromptBuilder:
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault
             raise PromptError(f"chat template failed: {e}", "messages") from e
-        return self.encoder.encode(text, add_special_tokens=add_special_tokens)
+        return self.sessions.encode(session_id, text, add_special_tokens)
 
     @property
     def tools_ignored(self) -> bool:
         """Whether the chat template drops `tools` (worked out once per template)."""
         return tools_ignored(self.tokenizer, self.chat_template)
 
-    def text_token_ids(self, text: str) -> list[int]:
-        """A completion prompt's token ids (PromptError when empty)."""
+    def text_token_ids(self, text: str, session_id: str = "") -> list[int]:
+        """A completion prompt's token ids, BOS included (PromptError when empty); incremental
+        from the session's last prompt when `session_id` is set."""
         if not text:
             raise PromptError("prompt must not be empty", "prompt")
-        return self.tokenize(text)
+        return self.sessions.encode(session_id, text, add_special_tokens=True)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of any text, "" included (BOS and the like when add_special_tokens)."""
