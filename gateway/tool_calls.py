@@ -1,6 +1,6 @@
 """Tool calls in generated text → OpenAI `tool_calls`: the shared pieces and the Hermes parser.
 
-Hermes / Qwen format (also what gateway/templates/smollm2_tools.jinja asks for):
+Hermes / Qwen format (also what baton/templates/smollm2_tools.jinja asks for):
 
     Let me check.<tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
