@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import anthropic
 import openai
-import pytest
 import pytest_asyncio
 
 from baton.chat_format import TEMPLATES_DIR
 from gateway.prompts import PromptBuilder
 from gateway.server import Gateway
 from tests.gateway.conftest import gateway_config
-from tests.services.helpers import BLOCK, FORCE_REMOTE, engine_config, start_decode, \
-    start_prefill
+from tests.services.helpers import BLOCK, FORCE_REMOTE, engine_config, start_decode, start_prefill
 
 MODEL = "tiny"
 TURNS = 8
