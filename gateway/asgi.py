@@ -1,14 +1,17 @@
 """ASGI pieces under the FastAPI routes: the guard in front, SSE and disconnect handling behind.
 
 - `Guard` (outermost middleware): stamps the arrival time, checks the API key (every path but
-  /health), bounds the body (Content-Length, and counted while it streams in), counts
+  /health; `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`), bounds the body
+  (Content-Length, and counted while it streams in), answers in the shape of the path's API
+  (Anthropic's under /v1/messages, gateway/errors.py), counts
   every response by endpoint and status for /metrics, and while the gateway drains refuses
   new requests with 503 + Retry-After and counts the running ones (gateway/drain.py).
 - `SSEResponse`: sends events while watching for the client to leave; when it leaves, the
   producer is cancelled and the generators are closed in order, so the decode Generate call
   is cancelled right away (not when the garbage collector gets to it). At the shutdown
-  deadline it ends the stream itself: an error event, then `data: [DONE]`; a bug in the
-  producer ends it the same way (every stream ends with `data: [DONE]`).
+  deadline it ends the stream itself with its API's error ending (`end_error`; chat and
+  completions: an error event, then `data: [DONE]`); a bug in the producer ends it the same
+  way.
 - `until_disconnect`: the same for non-streaming requests (503 at the shutdown deadline).
 """
 from __future__ import annotations
@@ -24,14 +27,15 @@ from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
 from gateway.drain import Drain, shutting_down
-from gateway.errors import DONE, error_body, sse_error
+from gateway.errors import DONE, GatewayError, error_body_for, sse_error
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 
 ARRIVAL_KEY = "baton.arrival"
-_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-              "/metrics/workers", "/tokenize", "/detokenize", "/version"}
+_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+              "/v1/messages/count_tokens", "/v1/responses", "/v1/models", "/health",
+              "/metrics", "/metrics/workers", "/tokenize", "/detokenize", "/version"}
 _NOT_DRAINED = ("/health", "/metrics", "/metrics/workers", "/version")  # answered while draining
 
 
@@ -52,6 +56,7 @@ class Guard:
                  metrics: GatewayMetrics, drain: Drain) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._key = api_key.encode() if api_key else None
         self._max_body = max_body_bytes
         self._metrics = metrics
         self._drain = drain
@@ -64,27 +69,34 @@ class Guard:
         endpoint = path if path in _ENDPOINTS else "other"
         counted_send = self._counting_send(send, endpoint)
         headers = dict(scope["headers"])
-        if self._expected is not None and path != "/health":
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
-                return await _json(counted_send, 401, error_body(
-                    401, "Incorrect or missing API key (send 'Authorization: Bearer KEY').",
-                    code="invalid_api_key"))
+        if self._expected is not None and path != "/health" and not self._authorized(headers):
+            return await _json(counted_send, 401, error_body_for(
+                path, 401, "Incorrect or missing API key (send 'Authorization: Bearer KEY' "
+                           "or 'x-api-key: KEY').", code="invalid_api_key"))
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self._max_body:
-            return await _json(counted_send, 413, self.too_large_body())
+            return await _json(counted_send, 413, self.too_large_body(path))
         if path in _NOT_DRAINED:
             return await self.app(scope, self._bounded_receive(receive), counted_send)
         if self._drain.draining:
             error = shutting_down()
-            return await _json(counted_send, 503, error.body(), error.headers())
+            return await _json(counted_send, 503, error_body_for(
+                path, 503, error.message, code=error.code), error.headers())
         self._drain.enter()
         try:
             await self.app(scope, self._bounded_receive(receive), counted_send)
         finally:
             self._drain.leave()
 
-    def too_large_body(self) -> dict:
-        return error_body(413, BodyTooLarge(self._max_body).detail, code="request_too_large")
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        """The key came as `Authorization: Bearer KEY` or as `x-api-key: KEY`."""
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        return hmac.compare_digest(headers.get(b"x-api-key", b""), self._key) or bearer
+
+    def too_large_body(self, path: str = "") -> dict:
+        """The 413 body (in the shape of `path`'s API)."""
+        return error_body_for(path, 413, BodyTooLarge(self._max_body).detail,
+                              code="request_too_large")
 
     def _bounded_receive(self, receive):
         seen = 0
@@ -152,13 +164,15 @@ class SSEResponse(StreamingResponse):
 
     def __init__(self, events: AsyncIterator[bytes], closers: list, expired: asyncio.Event,
                  on_disconnect: Callable[[], None] = lambda: None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 end_error: Callable[[GatewayError], bytes] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                   **(headers or {})})
         self._closers = closers
         self._expired = expired
         self._on_disconnect = on_disconnect
+        self._end_error = end_error or openai_end_error
         self._completed = False
 
     async def __call__(self, scope, receive, send) -> None:
@@ -184,7 +198,7 @@ class SSEResponse(StreamingResponse):
 
     async def _end_shutting_down(self, send) -> None:
         """The shutdown deadline came mid-stream: end it cleanly, never with a reset."""
-        body = sse_error(shutting_down()) + DONE
+        body = self._end_error(shutting_down())
         await send({"type": "http.response.body", "body": body, "more_body": False})
         self._completed = True
 
@@ -196,8 +210,13 @@ class SSEResponse(StreamingResponse):
             raise
         except Exception as e:  # a bug: tell the client instead of hanging up silently
             logger.exception("stream failed")
-            body = error_body(500, f"internal error while streaming: {type(e).__name__}")
+            error = GatewayError(500, f"internal error while streaming: {type(e).__name__}")
             await send({"type": "http.response.body", "more_body": True,
-                        "body": b"data: " + json.dumps(body).encode() + b"\n\n" + DONE})
+                        "body": self._end_error(error)})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._completed = True
+
+
+def openai_end_error(error: GatewayError) -> bytes:
+    """How a chat or completions stream ends on an error: the error event, then [DONE]."""
+    return sse_error(error) + DONE

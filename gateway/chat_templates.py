@@ -1,12 +1,10 @@
 """Which chat template the gateway renders with, and whether it can render tools.
 
-    --chat-template FILE        that Jinja file replaces the tokenizer's template
-    --chat-template tokenizer   the tokenizer's own template, even where Baton ships a better one
-    (no flag)                   a shipped tool-aware template when the tokenizer's template is
-                                one Baton knows to ignore tools (SmolLM2's), else the tokenizer's
-
-Either way the text is rendered by transformers' `apply_chat_template(chat_template=...)`, so
-a template behaves exactly as it would in transformers.
+The choice (`--chat-template FILE|tokenizer`, else a shipped tool-aware template for a
+tokenizer whose template drops tools, else the tokenizer's) is baton/chat_format.py's,
+shared with the benchmark client's token counter; it is re-exported here. Either way the
+text is rendered by transformers' `apply_chat_template(chat_template=...)`, so a template
+behaves exactly as it would in transformers.
 
 A request that offers `tools` to a template that drops them would silently get a model that
 never saw them; `tools_ignored()` finds that out once per template by rendering a probe
@@ -15,22 +13,21 @@ and `X-Baton-Warning` on the response).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-from pathlib import Path
+
+from baton.chat_format import (  # noqa: F401  (re-exported: the gateway's names)
+    SHIPPED,
+    TEMPLATES_DIR,
+    TOKENIZER,
+    check_chat_template_option,
+    resolve_chat_template,
+    template_digest,
+)
 
 logger = logging.getLogger(__name__)
 
-TEMPLATES_DIR = Path(__file__).parent / "templates"
-TOKENIZER = "tokenizer"
 WARNING_HEADER = "X-Baton-Warning"
 TOOLS_IGNORED = "tools ignored by the chat template"
-
-# sha256 of a tokenizer's own template → the shipped template that replaces it by default.
-# SmolLM2-Instruct's ChatML (135M, 360M and 1.7B share it): drops tools and tool_calls.
-SHIPPED: dict[str, str] = {
-    "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788": "smollm2_tools.jinja",
-}
 
 _PROBE_MESSAGES = [{"role": "user", "content": "ping"}]
 _PROBE_TOOLS = [{"type": "function", "function": {
@@ -38,29 +35,6 @@ _PROBE_TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {}}}}]
 _verdicts: dict[str, bool] = {}  # template sha256 → tools ignored
 _warned: set[str] = set()
-
-
-def template_digest(template: str) -> str:
-    return hashlib.sha256(template.encode()).hexdigest()
-
-
-def check_chat_template_option(option: str | None) -> None:
-    """ValueError unless `option` is None, "tokenizer" or a readable file."""
-    if option not in (None, TOKENIZER) and not Path(option).expanduser().is_file():
-        raise ValueError(f"--chat-template {option}: no such file")
-
-
-def resolve_chat_template(option: str | None, tokenizer_template: str | None) -> str | None:
-    """The template text to render with; None means the tokenizer's own (see the docstring)."""
-    if option == TOKENIZER:
-        return None
-    if option is not None:
-        return Path(option).expanduser().read_text()
-    shipped = SHIPPED.get(template_digest(tokenizer_template or ""))
-    if shipped is None:
-        return None
-    logger.info("chat template: shipped %s replaces the tokenizer's (it ignores tools)", shipped)
-    return (TEMPLATES_DIR / shipped).read_text()
 
 
 def tools_ignored(tokenizer, template: str | None) -> bool:

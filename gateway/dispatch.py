@@ -63,6 +63,17 @@ class TokenizedRequest:
         return max(1, self.params.n)
 
 
+def tokenized_requests(prepared, request_id: str, arrival: float) -> list[TokenizedRequest]:
+    """One TokenizedRequest per prompt of a front door's Prepared (gateway/front_door.py);
+    several prompts get ids `<request_id>-<i>`."""
+    session, many = prepared.session, len(prepared.prompts) > 1
+    return [TokenizedRequest(f"{request_id}-{i}" if many else request_id, p.prompt_token_ids,
+                             p.params, p.block_hashes, session.session_id, arrival,
+                             session.parent_session_id, prepared.hints,
+                             prepared.structured_param)
+            for i, p in enumerate(prepared.prompts)]
+
+
 class Dispatcher:
     def __init__(self, config: GatewayConfig, pool: WorkerPool, router: Router,
                  metrics: GatewayMetrics) -> None:

@@ -1,14 +1,18 @@
 """The gateway's gRPC front (protos/gateway.proto): `Generate` with the HTTP API's semantics.
 
-Prompt (text, token ids or chat) → token ids → checked SamplingParams (in the preparation
-pool, gateway/prep_pool.py: `prepare_grpc`) → the same `Dispatcher` as HTTP → the decode
-worker's messages relayed unchanged. Errors before the first message abort the call with the
-status matching the HTTP one (400 → INVALID_ARGUMENT, 404 → NOT_FOUND, 429 →
-RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED), the field at fault (the
-HTTP error's `param`) in the trailing metadata `baton-field`. A stream that ends in an
-error (a Finished ERROR or ABORT, e.g. the decode worker died mid-stream) relays it and then
-ends the call with the matching status (INTERNAL, UNAVAILABLE), as HTTP ends it with an
-error event and [DONE].
+The serialized request goes to the preparation pool (gateway/grpc_request.py translates it,
+the front door gateway/front_door.py prepares it: session, hints, limits, tokenization,
+checked SamplingParams, a forced tool call's grammar) → the same `Dispatcher` as HTTP → the
+decode worker's messages relayed; for a chat prompt that offers tools (tool_choice not
+"none") each completion's text goes through the configured tool-call parser, as over HTTP:
+the call's text leaves the TokenChunks' text_delta (their token ids stay) and each parsed
+call arrives as a ToolCall message before its completion's Finished. Errors before the
+first message abort the call with the status matching the HTTP one (400 →
+INVALID_ARGUMENT, 404 → NOT_FOUND, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 →
+DEADLINE_EXCEEDED), the field at fault (the HTTP error's `param`) in the trailing metadata
+`baton-field`. A stream that ends in an error (a Finished ERROR or ABORT, e.g. the decode
+worker died mid-stream) relays it and then ends the call with the matching status
+(INTERNAL, UNAVAILABLE), as HTTP ends it with an error event and [DONE].
 A client that cancels the call cancels the decode call behind it. With an API key, every
 method but the standard health service needs `authorization: Bearer KEY` metadata (as HTTP
 needs the header on every path but /health): `ApiKeyInterceptor`.
@@ -19,57 +23,48 @@ session hints likewise (fields, else `x-session-ttl` / `x-session-end`; session_
 from __future__ import annotations
 
 import hmac
-import json
 import time
 import uuid
 
 import grpc
 
 from baton.json_schema import FIELD_METADATA
-from baton.worker.wire import sampling_params_from_proto
 from gateway.config import GatewayConfig
-from gateway.dispatch import Dispatcher, TokenizedRequest
-from gateway.errors import GatewayError, RequestError
-from gateway.limits import RequestLimits
-from gateway.prep_pool import PrepContext, PrepPool
-from gateway.prompts import PromptError
+from gateway.dispatch import Dispatcher, tokenized_requests
+from gateway.errors import GatewayError
+from gateway.front_door import Routing
+from gateway.grpc_request import prepare_grpc
+from gateway.prep_pool import PrepPool
 from gateway.responses import finished_error
-from gateway.session_hints import SessionHints, parse_session_hints
-from gateway.sessions import session_keys
-from gateway.structured import SchemaChecker, check_proto, object_schema
-from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from gateway.sessions import affinity_key
+from gateway.tool_parsers import make_tool_parser
+from protos import decode_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, config: GatewayConfig, prep: PrepPool, dispatcher: Dispatcher) -> None:
-        self._models = {config.served_model_name, config.model}
         self._prep = prep
         self._dispatcher = dispatcher
 
     async def Generate(self, request: gateway_pb2.GatewayGenerateRequest, context):
         arrival = time.monotonic()
-        if request.model and request.model not in self._models:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"The model `{request.model}` does not exist.")
         meta = {k: v for k, v in (context.invocation_metadata() or ())
                 if isinstance(v, str)}
-        keys = session_keys(meta.get)
-        session_id = request.session_id or keys.session_id
         try:
-            hints = _hints(request, meta.get, session_id)
-            ids, params, hashes = await self._prep.run(
-                prepare_grpc, request.SerializeToString(), self._dispatcher.hash_block_size(),
-                session_id, affinity=session_id or None)
+            prepared = await self._prep.run(
+                prepare_grpc, request.SerializeToString(),
+                Routing(meta, self._dispatcher.hash_block_size()),
+                affinity=request.session_id or affinity_key(meta.get))
         except GatewayError as e:
             await _abort(context, e)
-        job = TokenizedRequest(request.request_id or f"grpc-{uuid.uuid4().hex}", ids, params,
-                               hashes, session_id, arrival, keys.parent_session_id, hints,
-                               "sampling_params.structured_output")
-        messages = self._dispatcher.stream(job)
+        rid = request.request_id or f"grpc-{uuid.uuid4().hex}"
+        messages = self._dispatcher.stream(tokenized_requests(prepared, rid, arrival)[0])
+        parsers = _ToolCalls(prepared.tool_parser)
         failed: GatewayError | None = None
         try:
             async for msg in messages:
-                yield msg
+                for out in parsers.relay(msg):
+                    yield out
                 if failed is None and msg.WhichOneof("kind") == "finished":
                     failed = finished_error(msg.finished)
         except GatewayError as e:
@@ -80,39 +75,40 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             await context.abort(failed.grpc_code, failed.message)
 
 
-def prepare_grpc(ctx: PrepContext, data: bytes, block_size: int | None, session_id: str
-                 ) -> tuple[list[int], common_pb2.SamplingParams, list[int]]:
-    """A serialized GatewayGenerateRequest → (prompt token ids, checked SamplingParams, block
-    hashes by `block_size` or []), in the preparation pool; GatewayError 400 naming the
-    field."""
-    request = gateway_pb2.GatewayGenerateRequest.FromString(data)
-    try:
-        ids = _prompt_ids(ctx, request)
-        params = checked_params(request.sampling_params, len(ids), ctx.prompts.max_model_len,
-                                ctx.prompts.vocab_size, SchemaChecker(ctx.settings.limits,
-                                                                      ctx.note))
-    except (PromptError, RequestError) as e:
-        raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
-    except ValueError as e:
-        raise GatewayError(400, str(e), code="invalid_request") from e
-    hashes = ctx.hashes.hashes(ids, block_size, session_id) if block_size else []
-    return ids, params, hashes
+class _ToolCalls:
+    """The decode worker's messages → GatewayGenerateResponses, each completion's text
+    through its own tool-call parser when `parser` names one (else relayed as they are)."""
 
+    def __init__(self, parser: str | None) -> None:
+        self._name = parser
+        self._parsers: dict = {}
 
-def _prompt_ids(ctx: PrepContext, request: gateway_pb2.GatewayGenerateRequest) -> list[int]:
-    kind = request.WhichOneof("prompt")
-    ctx.note(kind or "prompt")
-    if kind == "text":
-        return ctx.prompts.text_token_ids(request.text)
-    if kind == "token_ids":
-        return ctx.prompts.check_token_ids(list(request.token_ids.ids))
-    if kind == "chat":
-        ctx.settings.limits.check_tools(len(request.chat.tools))
-        return ctx.prompts.chat_token_ids(
-            [_message(m) for m in request.chat.messages],
-            [_tool(t, i, ctx.settings.limits) for i, t in enumerate(request.chat.tools)]
-            or None)
-    raise PromptError("a prompt is required (text, token_ids or chat)")
+    def relay(self, msg) -> list[gateway_pb2.GatewayGenerateResponse]:
+        """The messages to send for one decode-worker message."""
+        kind = msg.WhichOneof("kind")
+        if self._name is None:
+            return [gateway_pb2.GatewayGenerateResponse(**{kind: getattr(msg, kind)})]
+        if kind == "tokens":
+            chunk = msg.tokens
+            parser = self._parsers.setdefault(chunk.index, make_tool_parser(self._name))
+            text, calls = parser.feed(chunk.text_delta)
+            chunk.text_delta = text
+            return [gateway_pb2.GatewayGenerateResponse(tokens=chunk),
+                    *self._calls(chunk.index, calls)]
+        index = msg.finished.index
+        parser = self._parsers.pop(index, None)
+        text, calls = parser.finish() if parser is not None else ("", [])
+        out = []
+        if text:
+            out.append(gateway_pb2.GatewayGenerateResponse(
+                tokens=decode_pb2.TokenChunk(index=index, text_delta=text)))
+        return out + self._calls(index, calls) + [
+            gateway_pb2.GatewayGenerateResponse(finished=msg.finished)]
+
+    @staticmethod
+    def _calls(index: int, calls) -> list[gateway_pb2.GatewayGenerateResponse]:
+        return [gateway_pb2.GatewayGenerateResponse(tool_call=gateway_pb2.ToolCall(
+            index=index, id=c.id, name=c.name, arguments=c.arguments)) for c in calls]
 
 
 async def _abort(context, error: GatewayError) -> None:
@@ -120,63 +116,6 @@ async def _abort(context, error: GatewayError) -> None:
     (`baton-field`, as the workers name theirs)."""
     field = ((FIELD_METADATA, error.param),) if error.param else ()
     await context.abort(error.grpc_code, error.message, trailing_metadata=field)
-
-
-def _hints(request: gateway_pb2.GatewayGenerateRequest, get, session_id: str) -> SessionHints:
-    """Session hints from the request's fields, else its metadata. GatewayError 400."""
-    ttl = request.session_ttl_seconds if request.HasField("session_ttl_seconds") else None
-    hints = parse_session_hints(get, ttl, session_id)
-    if request.session_end and not session_id:
-        raise GatewayError(400, "session_end needs a session id", param="session_end")
-    return hints._replace(end=True) if request.session_end else hints
-
-
-def checked_params(p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,
-                   vocab_size: int, checker: SchemaChecker) -> common_pb2.SamplingParams:
-    """Validate as the workers will (baton/worker/wire.py; ValueError), check logit_bias ids
-    against the vocabulary and a structured output's schema (gateway/structured.py), and
-    fill max_tokens from the room left."""
-    room = max_model_len - prompt_len
-    if room < 1 or (p.HasField("max_tokens") and p.max_tokens > room):
-        raise ValueError(f"This model's maximum context length is {max_model_len} tokens; "
-                         f"the prompt has {prompt_len}"
-                         + (f" and max_tokens is {p.max_tokens}" if p.HasField("max_tokens")
-                            else ""))
-    sampling_params_from_proto(p, max_tokens=p.max_tokens if p.HasField("max_tokens") else room)
-    bad = next((b.token_id for b in p.logit_bias if not 0 <= b.token_id < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab_size})")
-    if p.HasField("structured_output"):
-        check_proto(p.structured_output, checker)
-    out = common_pb2.SamplingParams()
-    out.CopyFrom(p)
-    if not out.HasField("max_tokens"):
-        out.max_tokens = room
-    return out
-
-
-def _message(m: gateway_pb2.ChatMessage) -> dict:
-    out: dict = {"role": m.role, "content": m.content if m.HasField("content") else None}
-    if m.name:
-        out["name"] = m.name
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
-    return out
-
-
-def _tool(t: gateway_pb2.ToolDefinition, index: int, limits: RequestLimits) -> dict:
-    param = f"chat.tools[{index}].parameters_json"
-    try:
-        parameters = json.loads(t.parameters_json) if t.parameters_json else {}
-    except json.JSONDecodeError as e:
-        raise PromptError(f"tool {t.name!r}: parameters_json is not JSON: {e}", param) from e
-    limits.schema_text(object_schema(parameters, param), param)
-    return {"type": "function", "function": {"name": t.name, "description": t.description,
-                                             "parameters": parameters}}
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -31,7 +31,7 @@ KNOWN_HARMLESS = frozenset({
     "metadata",            # OpenAI's stored-completion tags: nothing is stored
     "store",               # likewise
     "service_tier",        # there is one tier
-    "prompt_cache_key",    # OpenAI's cache-routing hint: Baton routes by session and KV overlap
+    "cache_control",       # Anthropic's cache breakpoints: every prefix is cached anyway
     "safety_identifier",   # OpenAI's abuse-monitoring id
 })
 

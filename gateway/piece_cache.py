@@ -49,15 +49,38 @@ class PieceTokenizer:
             logger.info("piecewise tokenization off for this tokenizer (plain encode)")
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The ids of `text`, as `tokenizer.encode(text, add_special_tokens=...)` gives them."""
         if not self.enabled:
             return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
         ids = list(self._bos) if add_special_tokens else []
-        for i, part in enumerate(self._split.split(text)):
-            if i % 2:
-                ids.append(self._added_ids[part])
-            elif part:
-                ids += self._piece(part)
+        self.encode_into(text, 0, ids)
         return ids
+
+    def encode_into(self, text: str, start: int, ids: list[int],
+                    marks: list[tuple[int, int]] | None = None) -> None:
+        """Append the ids of text[start:] to `ids` (the cache must be enabled; `start` must be
+        0 or where an added token starts in `text`). marks: when given, (char position, index
+        in `ids`) of every added token is appended to it."""
+        pos = start
+        for m in self._split.finditer(text, start):
+            if m.start() > pos:
+                ids += self._piece(text[pos:m.start()])
+            if marks is not None:
+                marks.append((m.start(), len(ids)))
+            ids.append(self._added_ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += self._piece(text[pos:])
+
+    def added_at(self, text: str, pos: int) -> int | None:
+        """The id of the added token starting at text[pos] (None: none starts there)."""
+        m = self._split.match(text, pos) if self._split is not None else None
+        return None if m is None else self._added_ids[m.group()]
+
+    @property
+    def longest_added(self) -> int:
+        """Characters in the longest added token (0 without any)."""
+        return max(map(len, self._added_ids), default=0)
 
     def _piece(self, text: str) -> list[int]:
         ids = self._cache.get(text)

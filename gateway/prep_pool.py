@@ -55,8 +55,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Imported by the fork server before it forks any child (besides the tokenizer's module).
-PRELOAD = ("gateway.server", "gateway.prepare", "gateway.tokenize_api", "gateway.grpc_front",
-           "jsonschema", "xgrammar")
+PRELOAD = ("gateway.server", "gateway.prepare", "gateway.tokenize_api", "gateway.grpc_request",
+           "gateway.anthropic_protocol", "gateway.responses_protocol", "jsonschema",
+           "xgrammar")
 _READY_TIMEOUT_S = 120.0  # a child's start: the fork server's first start imports torch
 
 

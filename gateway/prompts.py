@@ -1,16 +1,14 @@
 """Prompts → token ids: the served model's tokenizer and chat template, and the context limit.
 
-Chat messages are normalized before templating, because real templates are strict and
-OpenAI clients send shapes they do not expect:
-- content parts [{"type": "text", "text": ...}] are joined into one string;
-- content null (assistant tool-call turns) becomes "" (SmolLM2's template fails on None);
-- tool_calls[].function.arguments arrive as JSON text; templates (Qwen, Hermes) expect a
-  mapping, so valid JSON objects are parsed, anything else stays text.
-Tools go to `apply_chat_template(tools=...)`. The template is the tokenizer's, or the one
-gateway/chat_templates.py chose (`--chat-template`, or a shipped tool-aware one); whether it
-drops tools is found out once (`tools_ignored`) so the gateway can say so. Requests are
-templated and tokenized in the preparation pool's processes (gateway/prep_pool.py), each with
-its own PromptBuilder (pickled over: the tokenizer, the limit and the template).
+Chat messages are normalized before templating (baton/chat_format.py: text parts joined,
+content null → "", tool-call arguments parsed into mappings), as the benchmark client's
+token counter normalizes them. Tools go to `apply_chat_template(tools=...)`. The template is
+the tokenizer's, or the one gateway/chat_templates.py chose (`--chat-template`, or a shipped
+tool-aware one); whether it drops tools is found out once (`tools_ignored`) so the gateway
+can say so. Requests are templated and tokenized in the preparation pool's processes
+(gateway/prep_pool.py), each with its own PromptBuilder (pickled over: the tokenizer, the
+limit and the template); a session's turns are tokenized incrementally
+(gateway/session_tokens.py).
 """
 from __future__ import annotations
 
@@ -19,13 +17,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from baton.chat_format import (  # noqa: F401  (re-exported: the gateway's names)
+    PromptError,
+    message_text,
+    normalize_message,
+)
 from gateway.chat_templates import resolve_chat_template, tools_ignored
 from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
-
-
-class PromptError(RequestError):
-    """The prompt cannot be rendered or tokenized; `param` names the offending field."""
+from gateway.session_tokens import SessionTokens
 
 
 class PromptBuilder:
@@ -37,6 +37,7 @@ class PromptBuilder:
         self.max_model_len = max_model_len
         self.chat_template = chat_template
         self.encoder = PieceTokenizer(tokenizer)
+        self.sessions = SessionTokens(self.encoder)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
 
@@ -64,8 +65,9 @@ class PromptBuilder:
     def chat_token_ids(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None,
                        add_generation_prompt: bool = True,
-                       add_special_tokens: bool = False) -> list[int]:
-        """Render normalized messages through the chat template and tokenize."""
+                       add_special_tokens: bool = False, session_id: str = "") -> list[int]:
+        """Render normalized messages through the chat template and tokenize (incrementally
+        from the session's last prompt when `session_id` is set: gateway/session_tokens.py)."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
         if self.chat_template is None and self.tokenizer.chat_template is None:
@@ -76,22 +78,23 @@ class PromptBuilder:
                 [normalize_message(m) for m in messages], tools=tools or None,
                 chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
                 tokenize=False)
-        except PromptError:
+        except RequestError:  # PromptError included: a message the template cannot take
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault
             raise PromptError(f"chat template failed: {e}", "messages") from e
-        return self.encoder.encode(text, add_special_tokens=add_special_tokens)
+        return self.sessions.encode(session_id, text, add_special_tokens)
 
     @property
     def tools_ignored(self) -> bool:
         """Whether the chat template drops `tools` (worked out once per template)."""
         return tools_ignored(self.tokenizer, self.chat_template)
 
-    def text_token_ids(self, text: str) -> list[int]:
-        """A completion prompt's token ids (PromptError when empty)."""
+    def text_token_ids(self, text: str, session_id: str = "") -> list[int]:
+        """A completion prompt's token ids, BOS included (PromptError when empty); incremental
+        from the session's last prompt when `session_id` is set."""
         if not text:
             raise PromptError("prompt must not be empty", "prompt")
-        return self.tokenize(text)
+        return self.sessions.encode(session_id, text, add_special_tokens=True)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of any text, "" included (BOS and the like when add_special_tokens)."""
@@ -119,42 +122,3 @@ class PromptBuilder:
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-
-def message_text(content: Any) -> str:
-    """OpenAI content (None, a string, or a list of text parts) → one string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise PromptError(f"content part of type {part.get('type')!r} is not supported "
-                              "(text only)", "messages")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
-def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """One OpenAI chat message → the plain shape chat templates expect (see the docstring)."""
-    out = {k: v for k, v in message.items() if v is not None and k != "content"}
-    out["content"] = message_text(message.get("content"))
-    calls = message.get("tool_calls")
-    if calls:
-        out["tool_calls"] = [_normalize_tool_call(c) for c in calls]
-    return out
-
-
-def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    args = function.get("arguments")
-    if isinstance(args, str):
-        try:
-            parsed = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            parsed = args
-        function["arguments"] = parsed if isinstance(parsed, dict) else args
-    out = {"type": call.get("type") or "function", "function": function}
-    if call.get("id"):
-        out["id"] = call["id"]
-    return out

@@ -18,11 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from baton.sampling_params import MAX_LOGPROBS
 from gateway import structured
 from gateway.errors import RequestError
-from gateway.limits import RequestLimits
+from gateway.front_door import OutputFormat, RequestView, SessionSources, ToolChoice, ToolSpec
+from gateway.sampling import logit_bias_entries
+from gateway.structured import SCHEMA_PARAM
 from protos import common_pb2
 
 MAX_N = 128
-MAX_STOP = 64
 
 
 class _Body(BaseModel):
@@ -118,37 +119,61 @@ class _Generation(Request):
     # OpenAI's shape: token ids as JSON object keys (strings); checked in logit_bias_ids.
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
+    # OpenAI's prompt-cache key: a session key after the headers (gateway/sessions.py).
+    prompt_cache_key: str | None = None
 
-    def structured_output(self, checker: structured.SchemaChecker
-                          ) -> common_pb2.StructuredOutput | None:
-        """The grammar the output must follow, None for free text. RequestError: a bad
-        schema (naming its field)."""
-        fmt = self.response_format
-        if fmt is None:
-            return None
-        if fmt.type == "json_schema" and fmt.json_schema is None:
-            raise RequestError("response_format json_schema needs a json_schema object",
-                               "response_format")
-        return structured.from_response_format(
-            fmt.type, fmt.json_schema.schema_ if fmt.json_schema else None, checker)
+    def wire_params(self) -> common_pb2.SamplingParams:
+        """The sampling fields as the workers' message (max_tokens unset: the room left;
+        the context, vocabulary and stop checks: gateway/sampling.py). RequestError: a
+        logit_bias key that is not a token id."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        p = common_pb2.SamplingParams(
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            logit_bias=logit_bias_entries(self.logit_bias), n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=self.top_p or 1.0, top_k=self.top_k or 0, min_p=self.min_p or 0.0,
+            min_tokens=self.min_tokens, stop=stop, stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens)
+        if self.requested_max_tokens is not None:
+            p.max_tokens = self.requested_max_tokens
+        if self.seed is not None:
+            p.seed = self.seed % (1 << 64)
+        if self.num_logprobs is not None:
+            p.logprobs = self.num_logprobs
+        return p
 
-    @property
-    def structured_param(self) -> str | None:
-        """The field the structured output comes from (None: there is none)."""
+    def output_format(self) -> OutputFormat | None:
+        """response_format as the front door's OutputFormat (None: free text)."""
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return None
-        return structured.SCHEMA_PARAM if fmt.type == "json_schema" else "response_format"
+        if fmt.type == "json_object":
+            return OutputFormat("json_object")
+        if fmt.json_schema is None:
+            raise RequestError("response_format json_schema needs a json_schema object",
+                               "response_format")
+        if fmt.json_schema.schema_ is None:
+            raise RequestError("response_format json_schema needs json_schema.schema",
+                               "response_format.json_schema")
+        return OutputFormat("json_schema", fmt.json_schema.schema_, SCHEMA_PARAM)
+
+    def session_sources(self) -> SessionSources:
+        """The body's session keys (after the headers) and its retention hint."""
+        return SessionSources(body=(self.prompt_cache_key, self.user),
+                              kv_retention=self.kv_retention)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    @property
-    def unenforced_fields(self) -> list[str]:
-        """Known fields whose value asks for more than the gateway does (named like ignored
-        fields, gateway/ignored_fields.py)."""
-        return []
+    def view(self) -> RequestView:
+        """The fields the event loop reads once the request is prepared."""
+        return RequestView(self.model, self.n, self.stream, self.include_usage,
+                           self.num_logprobs)
 
 
 class ChatCompletionRequest(_Generation):
@@ -171,31 +196,23 @@ class ChatCompletionRequest(_Generation):
             return None
         return self.top_logprobs or 0
 
-    @property
-    def parse_tool_calls(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The offered functions, each with its field name."""
+        return tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters,
+                              structured.parameters_param(i))
+                     for i, t in enumerate(self.tools or ()))
 
-    @property
-    def structured_param(self) -> str | None:
-        """A forced call's schema comes from the tools, else response_format's."""
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tools"
-        return super().structured_param
-
-    def structured_output(self, checker: structured.SchemaChecker
-                          ) -> common_pb2.StructuredOutput | None:
-        """A forced tool call (tool_choice "required" or named) before response_format."""
-        tools = [(t.function.name, t.function.parameters) for t in self.tools or ()]
-        forced = structured.from_tool_choice(tools, self.tool_choice, checker)
-        return forced if forced is not None else super().structured_output(checker)
-
-    def check_tools(self, limits: RequestLimits) -> None:
-        """RequestError naming the field: more tools than `limits` allow, or a tool whose
-        parameters are not an object schema or too large (gateway/structured.py)."""
-        limits.check_tools(len(self.tools or ()))
-        for i, tool in enumerate(self.tools or ()):
-            param = structured.parameters_param(i)
-            limits.schema_text(structured.object_schema(tool.function.parameters, param), param)
+    def tool_choice_spec(self) -> ToolChoice:
+        """tool_choice as the front door's ToolChoice (RequestError: a bad shape)."""
+        choice = self.tool_choice
+        if choice in (None, "auto", "none", "required"):
+            return ToolChoice(choice or "auto")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise RequestError('tool_choice must be "none", "auto", "required" or '
+                               '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        return ToolChoice("named", name)
 
 
 class CompletionRequest(_Generation):
@@ -210,64 +227,3 @@ class CompletionRequest(_Generation):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
-
-
-def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> list[tuple[int, float]]:
-    """OpenAI's logit_bias {"token id": value} → (id, value) pairs, ids in order; RequestError
-    for a key that is not a token id of the vocabulary or a value outside [-100, 100]."""
-    out: dict[int, float] = {}
-    for key, value in (bias or {}).items():
-        if not (key.isascii() and key.isdigit()):
-            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
-        token_id = int(key)
-        if not 0 <= token_id < vocab_size:
-            raise RequestError(f"logit_bias token id {token_id} is outside the vocabulary "
-                               f"[0, {vocab_size})", "logit_bias")
-        if token_id in out:
-            raise RequestError(f"logit_bias lists token id {token_id} twice", "logit_bias")
-        if not -100.0 <= value <= 100.0:
-            raise RequestError(f"logit_bias values must be in [-100, 100], got {value}",
-                               "logit_bias")
-        out[token_id] = value
-    return sorted(out.items())
-
-
-def to_sampling_params(body: _Generation, num_logprobs: int | None, prompt_len: int,
-                       max_model_len: int, vocab_size: int,
-                       checker: structured.SchemaChecker) -> common_pb2.SamplingParams:
-    """Request → proto SamplingParams; RequestError when the prompt and max_tokens do not fit."""
-    room = max_model_len - prompt_len
-    requested = body.requested_max_tokens
-    if room < 1 or (requested is not None and requested > room):
-        want = f"{prompt_len} prompt tokens" + (f" + {requested} max_tokens" if requested else "")
-        raise RequestError(f"This model's maximum context length is {max_model_len} tokens; "
-                           f"the request needs {want}.", "max_tokens" if room >= 1 else "messages")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > MAX_STOP or any(not s for s in stop):
-        raise RequestError(f"stop must hold at most {MAX_STOP} non-empty strings", "stop")
-    max_tokens = requested if requested is not None else room
-    if body.min_tokens > max_tokens:
-        raise RequestError("min_tokens must be <= max_tokens", "min_tokens")
-    params = common_pb2.SamplingParams(
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        logit_bias=[common_pb2.TokenBias(token_id=t, bias=b)
-                    for t, b in logit_bias_ids(body.logit_bias, vocab_size)],
-        n=body.n,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=body.top_p or 1.0, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens, stop=stop, stop_token_ids=body.stop_token_ids or [],
-        ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens)
-    so = body.structured_output(checker)
-    if so is not None:
-        params.structured_output.CopyFrom(so)
-    if body.seed is not None:
-        params.seed = body.seed % (1 << 64)
-    if num_logprobs is not None:
-        params.logprobs = num_logprobs
-    if any(t < 0 for t in params.stop_token_ids):
-        raise RequestError("stop_token_ids must be >= 0", "stop_token_ids")
-    return params

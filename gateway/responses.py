@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway.errors import DONE, GatewayError, sse_error
+from gateway.errors import DONE, GatewayError, error_code_of, sse_error
 from gateway.tool_calls import ParsedToolCall
 from gateway.tool_parsers import make_tool_parser
 from protos import common_pb2
@@ -256,3 +256,27 @@ class _ChunkWriter:
                                                     separators=(",", ":")).encode() + b"\n\n"
         self.pending = b""
         return out
+
+
+class OpenAIPresenter:
+    """Chat and completions output for gateway/relay.py: `collect`, `sse_events`, streams
+    ending with an error event and [DONE]."""
+
+    def __init__(self, spec: OutputSpec, token_text: TokenText) -> None:
+        self.spec, self.token_text = spec, token_text
+
+    async def collect(self, messages: AsyncIterator) -> dict:
+        """The chat.completion / text_completion body."""
+        return await collect(self.spec, messages, self.token_text)
+
+    def events(self, messages: AsyncIterator) -> AsyncIterator[bytes]:
+        """The chunks as SSE, ending with [DONE]."""
+        return sse_events(self.spec, messages, self.token_text)
+
+    def end_error(self, error: GatewayError) -> bytes:
+        """An error event, then [DONE]."""
+        return sse_error(error) + DONE
+
+    def error_code(self, event: bytes) -> str | None:
+        """The code of a `data: {"error": ...}` event (None for any other event)."""
+        return error_code_of(event) if event.startswith(b'data: {"error"') else None

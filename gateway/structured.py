@@ -1,22 +1,27 @@
-"""OpenAI's structured-output fields → the workers' StructuredOutput (protos/common.proto).
+"""Structured-output fields → the workers' StructuredOutput (protos/common.proto).
 
-    response_format {"type": "text"}                         → none
-    response_format {"type": "json_object"}                  → JSON_OBJECT
-    response_format {"type": "json_schema",
-                     "json_schema": {"name", "schema", ...}} → JSON_SCHEMA(schema)
-    tool_choice "required" (tools offered)                   → one hermes call of any tool
-    tool_choice {"type": "function", "function": {"name"}}   → one hermes call of that tool
+    a response format (OpenAI's response_format, the Responses API's text.format):
+      text                                          → none
+      json_object                                   → JSON_OBJECT
+      json_schema {"name", "schema", ...}           → JSON_SCHEMA(schema)
+    a forced tool_choice (tools offered; "required" / any / a named function)
+                                                    → one call in the active parser's format
 
-A forced tool call is the grammar `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`
-(gateway/tool_calls.py parses it back into `tool_calls`), ARGS valid under the tool's
-`parameters`. It takes precedence over response_format (the answer is a call, not content).
+A forced call is written as the active tool-call parser reads it (gateway/tool_parsers.py,
+`ToolParser.forced`), so its output parses back into a tool call:
+    hermes       <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>
+    llama3_json  {"name": NAME, "parameters": ARGS}
+    mistral      [TOOL_CALLS][{"name": NAME, "arguments": ARGS}]
+ARGS valid under the tool's parameters. It takes precedence over a response format (the
+answer is a call, not content).
 
 Every schema is checked here, before any worker sees it, and a fault is a 400 whose `param`
-names the field (`response_format.json_schema.schema`, `tools[3].function.parameters`):
-its size and depth (gateway/limits.py), its JSON Schema meta-schema (`jsonschema`), then the
-workers' own conversion into a grammar (baton/json_schema.py: a `$ref` to a missing
-definition, `minimum` above `maximum`, an empty `enum`, an unsupported regex...). A tool's
-`parameters` must be an object schema (its `arguments` are a JSON object).
+names the field (`response_format.json_schema.schema`, `tools[3].function.parameters`,
+`tools[3].input_schema`): its size and depth (gateway/limits.py), its JSON Schema
+meta-schema (`jsonschema`), then the workers' own conversion into a grammar
+(baton/json_schema.py: a `$ref` to a missing definition, `minimum` above `maximum`, an empty
+`enum`, an unsupported regex...). A tool's parameters must be an object schema (its
+arguments are a JSON object).
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import jsonschema
 from baton.json_schema import grammar_from_json_schema
 from gateway.errors import RequestError
 from gateway.limits import RequestLimits
-from gateway.tool_calls import CLOSE, OPEN
+from gateway.tool_calls import CallFormat
 from protos import common_pb2
 
 _K = common_pb2
@@ -56,64 +61,53 @@ class SchemaChecker:
         return checked_schema(schema, param, self.limits)
 
 
-def from_response_format(kind: str, schema: Any,
-                         checker: SchemaChecker) -> common_pb2.StructuredOutput | None:
-    """kind: response_format.type; schema: json_schema.schema (json_schema only).
-    RequestError: a missing or invalid schema."""
+def from_output_format(kind: str, schema: Any, param: str,
+                       checker: SchemaChecker) -> common_pb2.StructuredOutput | None:
+    """kind: "text", "json_object" or "json_schema" (`schema`, named `param`). RequestError:
+    an invalid schema."""
     if kind == "text":
         return None
     if kind == "json_object":
         return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_OBJECT)
-    if schema is None:
-        raise RequestError("response_format json_schema needs json_schema.schema",
-                           "response_format.json_schema")
     return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
-                                       json_schema=checker.checked(schema, SCHEMA_PARAM))
+                                       json_schema=checker.checked(schema, param))
 
 
-def from_tool_choice(tools: Sequence[tuple[str, dict | None]], tool_choice: Any,
-                     checker: SchemaChecker) -> common_pb2.StructuredOutput | None:
-    """tools: (name, parameters) of each offered function; tool_choice as sent. None unless a
-    call is forced. RequestError: nothing to call, an unknown name (param tool_choice), an
-    invalid parameters schema (param naming the tool's)."""
-    if tool_choice in (None, "none", "auto"):
-        return None
-    if tool_choice == "required":
-        chosen = list(enumerate(tools))
+def from_tool_choice(tools: Sequence[tuple[str, Any, str]], mode: str, name: str | None,
+                     choice_param: str, fmt: CallFormat,
+                     checker: SchemaChecker) -> common_pb2.StructuredOutput:
+    """The grammar of one forced call in the parser's format `fmt`. tools: (name,
+    parameters, the parameters' field) of each offered function; mode "required" (any of
+    them) or "named" (`name`). RequestError: nothing to call, an unknown name (param
+    `choice_param`), an invalid parameters schema (param naming the tool's)."""
+    if mode == "required":
+        chosen = list(tools)
+        if not chosen:
+            raise RequestError("a forced tool_choice needs at least one tool", choice_param)
     else:
-        name = _forced_name(tool_choice)
-        chosen = [(i, t) for i, t in enumerate(tools) if t[0] == name]
+        chosen = [t for t in tools if t[0] == name]
         if not chosen:
             raise RequestError(f"tool_choice names {name!r}, which is not among the tools",
-                               "tool_choice")
-    if not chosen:
-        raise RequestError('tool_choice "required" needs at least one tool', "tool_choice")
-    options = [_call_schema(name, params, parameters_param(i), checker)
-               for i, (name, params) in chosen]
+                               choice_param)
+    options = [_call_schema(n, params, param, fmt.arguments_key, checker)
+               for n, params, param in chosen]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if fmt.as_list:
+        schema = {"type": "array", "items": schema, "minItems": 1, "maxItems": 1}
     # Each tool's parameters were checked on their own; the wrapper around them is ours.
     return common_pb2.StructuredOutput(kind=_K.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
                                        json_schema=json.dumps(schema, ensure_ascii=False),
-                                       prefix=OPEN + "\n", suffix="\n" + CLOSE)
+                                       prefix=fmt.prefix, suffix=fmt.suffix)
 
 
-def _forced_name(tool_choice: Any) -> str:
-    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if tool_choice.get("type", "function") != "function" or not isinstance(name, str):
-        raise RequestError('tool_choice must be "none", "auto", "required" or '
-                           '{"type": "function", "function": {"name": ...}}', "tool_choice")
-    return name
-
-
-def _call_schema(name: str, parameters: dict | None, param: str,
+def _call_schema(name: str, parameters: Any, param: str, arguments_key: str,
                  checker: SchemaChecker) -> dict:
-    """The JSON of one hermes call: {"name": NAME, "arguments": {...}}, name first."""
+    """The JSON of one call: {"name": NAME, <arguments_key>: {...}}, name first."""
     arguments = object_schema(parameters, param)
     checker.checked(arguments, param)
     return {"type": "object",
-            "properties": {"name": {"const": name}, "arguments": arguments},
-            "required": ["name", "arguments"], "additionalProperties": False}
+            "properties": {"name": {"const": name}, arguments_key: arguments},
+            "required": ["name", arguments_key], "additionalProperties": False}
 
 
 def object_schema(parameters: Any, param: str) -> dict:

@@ -1,6 +1,6 @@
 """Tool calls in generated text → OpenAI `tool_calls`: the shared pieces and the Hermes parser.
 
-Hermes / Qwen format (also what gateway/templates/smollm2_tools.jinja asks for):
+Hermes / Qwen format (also what baton/templates/smollm2_tools.jinja asks for):
 
     Let me check.<tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -41,6 +41,18 @@ class ParsedToolCall:
 Fed = tuple[str, list[ParsedToolCall]]  # (content to emit, tool calls completed)
 
 
+@dataclass(frozen=True)
+class CallFormat:
+    """How one forced call is written in a parser's format (gateway/structured.py): prefix,
+    the call object {"name": NAME, <arguments_key>: ARGS} (inside a one-element JSON list
+    when `as_list`), suffix."""
+
+    prefix: str
+    suffix: str
+    arguments_key: str = "arguments"
+    as_list: bool = False
+
+
 class ToolParser:
     """The interface every named parser implements (see the module docstring)."""
 
@@ -48,6 +60,8 @@ class ToolParser:
     # True when the format's markers are special tokens of its models' vocabularies (then the
     # workers must not skip special tokens, or the marker never reaches the parser).
     special_markers = False
+    # How a forced call (tool_choice "required" or named) is written in this format.
+    forced = CallFormat(OPEN + "\n", "\n" + CLOSE)
 
     def __init__(self) -> None:
         self.calls: list[ParsedToolCall] = []

@@ -11,6 +11,7 @@ partial leaks into content).
 from __future__ import annotations
 
 from gateway.tool_calls import (
+    CallFormat,
     Fed,
     HermesParser,
     JsonScan,
@@ -30,6 +31,7 @@ class Llama3JsonParser(ToolParser):
 
     name = "llama3_json"
     special_markers = True
+    forced = CallFormat("", "", arguments_key="parameters")
 
     def __init__(self) -> None:
         super().__init__()
@@ -86,6 +88,7 @@ class MistralParser(ToolParser):
 
     name = "mistral"
     special_markers = True
+    forced = CallFormat(TOOL_CALLS_TAG, "", as_list=True)
 
     def __init__(self) -> None:
         super().__init__()

@@ -6,8 +6,10 @@ knows where each one is. A scrape here fetches them all at once (timeout each), 
 labels `worker` (its gRPC address) and `role` to every sample, and merges them family by
 family (one HELP/TYPE per name, as the exposition format requires), plus
 `baton_worker_metrics_up{worker, role}` 1/0 for whether the fetch worked. Gateway metrics
-stay on GET /metrics: worker and gateway names overlap (baton_ttft_seconds) and a slow
-worker should not delay the gateway's own scrape.
+stay on GET /metrics: worker and gateway names overlap (baton_ttft_seconds). GET /metrics
+carries the workers' `vllm:*` families too (the same merge, those names only, a shorter
+timeout), since harnesses such as AgentX and Grafana read vLLM's names from the one URL
+they were given: one sample per worker, labelled, so `sum by (...)` gives the cluster's.
 """
 from __future__ import annotations
 
@@ -41,12 +43,16 @@ def metrics_url(address: str, metrics_port: int) -> str | None:
     return f"http://{host}:{metrics_port}/metrics"
 
 
-async def scrape(targets: Sequence[Target], timeout_s: float) -> bytes:
-    """The merged exposition text of every target (see the module docstring)."""
+async def scrape(targets: Sequence[Target], timeout_s: float, prefix: str = "",
+                 with_up: bool = True) -> bytes:
+    """The merged exposition text of every target (see the module docstring); only the
+    families whose name starts with `prefix`; `baton_worker_metrics_up` when `with_up`."""
+    if not targets and not with_up:
+        return b""
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         texts = await asyncio.gather(*(_fetch(client, t.url) for t in targets))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(list(zip(targets, texts))))
+    registry.register(_Merged(list(zip(targets, texts)), prefix, with_up))
     return generate_latest(registry)
 
 
@@ -60,8 +66,9 @@ async def _fetch(client: httpx.AsyncClient, url: str) -> str | None:
 
 
 class _Merged(Collector):
-    def __init__(self, scraped: list[tuple[Target, str | None]]) -> None:
-        self._scraped = scraped
+    def __init__(self, scraped: list[tuple[Target, str | None]], prefix: str,
+                 with_up: bool) -> None:
+        self._scraped, self._prefix, self._with_up = scraped, prefix, with_up
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -70,10 +77,13 @@ class _Merged(Collector):
         for target, text in self._scraped:
             up.add_metric([target.address, target.role], 0.0 if text is None else 1.0)
             for family in text_string_to_metric_families(text or ""):
+                if not family.name.startswith(self._prefix):
+                    continue
                 merged = families.setdefault(
                     family.name, Metric(family.name, family.documentation, family.type))
                 extra = {"worker": target.address, "role": target.role}
                 merged.samples.extend(s._replace(labels={**s.labels, **extra})
                                       for s in family.samples)
-        yield up
+        if self._with_up:
+            yield up
         yield from families.values()

@@ -48,13 +48,23 @@ class ToolDefinition(_message.Message):
     parameters_json: str
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function_name")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    function_name: str
+    def __init__(self, mode: _Optional[str] = ..., function_name: _Optional[str] = ...) -> None: ...
+
 class ChatPrompt(_message.Message):
-    __slots__ = ("messages", "tools")
+    __slots__ = ("messages", "tools", "tool_choice")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[ToolDefinition]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ...) -> None: ...
+    tool_choice: ToolChoice
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ...) -> None: ...
 
 class GatewayGenerateRequest(_message.Message):
     __slots__ = ("model", "text", "token_ids", "chat", "sampling_params", "session_id", "request_id", "session_ttl_seconds", "session_end")
@@ -77,3 +87,25 @@ class GatewayGenerateRequest(_message.Message):
     session_ttl_seconds: float
     session_end: bool
     def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("index", "id", "name", "arguments")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class GatewayGenerateResponse(_message.Message):
+    __slots__ = ("tokens", "finished", "tool_call")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    tokens: _decode_pb2.TokenChunk
+    finished: _decode_pb2.Finished
+    tool_call: ToolCall
+    def __init__(self, tokens: _Optional[_Union[_decode_pb2.TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[_decode_pb2.Finished, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ...) -> None: ...

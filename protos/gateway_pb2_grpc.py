@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from protos import decode_pb2 as protos_dot_decode__pb2
 from protos import gateway_pb2 as protos_dot_gateway__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -39,7 +38,7 @@ class GatewayServiceStub:
         self.Generate = channel.unary_stream(
                 '/baton.v1.GatewayService/Generate',
                 request_serializer=protos_dot_gateway__pb2.GatewayGenerateRequest.SerializeToString,
-                response_deserializer=protos_dot_decode__pb2.GenerateResponse.FromString,
+                response_deserializer=protos_dot_gateway__pb2.GatewayGenerateResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,7 +58,7 @@ def add_GatewayServiceServicer_to_server(servicer, server):
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
                     request_deserializer=protos_dot_gateway__pb2.GatewayGenerateRequest.FromString,
-                    response_serializer=protos_dot_decode__pb2.GenerateResponse.SerializeToString,
+                    response_serializer=protos_dot_gateway__pb2.GatewayGenerateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,7 +88,7 @@ class GatewayService:
             target,
             '/baton.v1.GatewayService/Generate',
             protos_dot_gateway__pb2.GatewayGenerateRequest.SerializeToString,
-            protos_dot_decode__pb2.GenerateResponse.FromString,
+            protos_dot_gateway__pb2.GatewayGenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

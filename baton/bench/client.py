@@ -78,9 +78,14 @@ def build_body(model: str, pt: PreparedTurn) -> dict:
 
 
 def _chunk_text(chunk: dict) -> str:
+    """The output a chunk carries: text, or a parsed tool call's JSON (a turn whose output is
+    one call streams no text at all)."""
     text = ""
     for choice in chunk.get("choices") or []:
-        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        delta = choice.get("delta") or {}
+        text += choice.get("text") or delta.get("content") or ""
+        if delta.get("tool_calls"):
+            text += json.dumps(delta["tool_calls"])
     return text
 
 

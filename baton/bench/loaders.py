@@ -1,9 +1,13 @@
 """Trace files → sessions.
 
 Real text (replayed message by message; turn k sends every message before the k-th assistant
-message, with max_tokens = that assistant reply's length in tokens):
-  - τ-bench: a JSON list of records, each with `traj` (OpenAI-style messages).
-  - SWE-agent: one `.traj` JSON object per file, with `history` (messages).
+message, with max_tokens = that assistant reply's length in tokens, its tool calls included):
+  - τ-bench: a JSON list of records, each with `traj` (OpenAI-style messages). Sent as an
+    agent sends them: assistant `tool_calls` and `tool` messages as they are, and `tools`
+    (the functions the trace calls, each with the parameters its calls used; the trace holds
+    no schemas, so `infer_tools` derives them from every call in the file).
+  - SWE-agent: one `.traj` JSON object per file, with `history` (messages); tool calls are
+    folded into the assistant's text.
 Block hashes (prompts synthesized from hash ids, see tokens.BlockSynth):
   - Mooncake FAST'25: JSONL rows {timestamp (ms), input_length, output_length, hash_ids (512
     tokens each)}. Sessions are inferred: a row continues the session whose latest row's full
@@ -61,32 +65,96 @@ def clean_message(msg: dict) -> dict:
     return out
 
 
+def tool_message(msg: dict) -> dict:
+    """An OpenAI message as an agent sends it: string content (null beside tool calls),
+    `tool_calls` with JSON-text arguments, a tool message's `tool_call_id`."""
+    text = msg.get("content")
+    if text is not None and not isinstance(text, str):
+        text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+    out: dict = {"role": msg["role"], "content": text or ""}
+    calls = msg.get("tool_calls")
+    if calls and isinstance(calls, list):
+        out["content"] = text or None
+        out["tool_calls"] = [{"id": c.get("id") or f"call_{k}", "type": "function", "function": {
+            "name": c.get("function", {}).get("name", ""),
+            "arguments": _arguments_text(c.get("function", {}).get("arguments"))}}
+            for k, c in enumerate(calls)]
+    if msg["role"] == "tool" and isinstance(msg.get("tool_call_id"), str):
+        out["tool_call_id"] = msg["tool_call_id"]
+    return out
+
+
+def _arguments_text(args) -> str:
+    return args if isinstance(args, str) else json.dumps(args or {})
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+               (list, "array"), (dict, "object"))
+
+
+def infer_tools(conversations: list[list[dict]]) -> tuple[dict, ...]:
+    """OpenAI `tools` for the functions called in `conversations`: each function's parameters
+    are the arguments its calls used, typed by their JSON values (several types: any),
+    required when every call had them; sorted by name, so every session sends the same list."""
+    seen: dict[str, list[dict]] = {}
+    for messages in conversations:
+        for m in messages:
+            for c in m.get("tool_calls") or ():
+                try:
+                    args = json.loads(c["function"]["arguments"] or "{}")
+                except json.JSONDecodeError:
+                    args = {}
+                seen.setdefault(c["function"]["name"], []).append(
+                    args if isinstance(args, dict) else {})
+    return tuple({"type": "function", "function": {"name": name, "parameters": _schema(calls)}}
+                 for name, calls in sorted(seen.items()) if name)
+
+
+def _schema(calls: list[dict]) -> dict:
+    props: dict[str, set[str]] = {}
+    for args in calls:
+        for key, value in args.items():
+            props.setdefault(key, set()).add(next(t for cls, t in _JSON_TYPES
+                                                  if isinstance(value, cls)))
+    return {"type": "object",
+            "properties": {k: ({"type": t.pop()} if len(t) == 1 else {})
+                           for k, t in sorted(props.items())},
+            "required": sorted(k for k in props if all(k in a for a in calls))}
+
+
 def chat_session(name: str, messages: list[dict], counter: TokenCounter, scaling: Scaling,
-                 think_s: list[float] | None = None, default_think_s: float = 1.0) -> Session:
-    """Turn k = all messages before the k-th assistant message (k ≥ 1 message before it)."""
-    msgs = [clean_message(m) for m in messages if m.get("role") in
-            ("system", "user", "assistant", "tool")]
+                 think_s: list[float] | None = None, default_think_s: float = 1.0,
+                 tools: tuple[dict, ...] | None = None) -> Session:
+    """Turn k = all messages before the k-th assistant message (k ≥ 1 message before it).
+    tools None: tool calls folded into text (`clean_message`); else sent as they are, with
+    these `tools`."""
+    keep = tools is not None
+    msgs = [tool_message(m) if keep else clean_message(m) for m in messages
+            if m.get("role") in ("system", "user", "assistant", "tool")]
     turns = []
     for i, m in enumerate(msgs):
         if m["role"] != "assistant" or i == 0:
             continue
         k = len(turns)
         gap = think_s[k] if think_s and k < len(think_s) and think_s[k] else default_think_s
-        turns.append(Turn(max_tokens=scaling.output(counter.count(m["content"])),
+        reply = (m["content"] or "") + _tool_calls_text(m.get("tool_calls"))
+        turns.append(Turn(max_tokens=scaling.output(counter.count(reply)),
                           delay_s=0.0 if k == 0 else scaling.think(gap),
                           arrival_s=k * default_think_s * scaling.time_scale,
                           messages=tuple(msgs[:i])))
-    return Session(name=name, turns=tuple(turns))
+    return Session(name=name, turns=tuple(turns), tools=tools or ())
 
 
 def load_tau_bench(path: Path, counter: TokenCounter, scaling: Scaling,
                    default_think_s: float = 1.0) -> list[Session]:
+    """τ-bench records → sessions sending real `tools` / `tool_calls` (module docstring)."""
     with _open(path) as f:
         records = json.load(f)
+    tools = infer_tools([[tool_message(m) for m in r["traj"]] for r in records])
     if scaling.max_sessions is not None:
         records = records[: scaling.max_sessions]
     sessions = [chat_session(f"tau-{r['task_id']}-{r['trial']}", r["traj"], counter, scaling,
-                             default_think_s=default_think_s) for r in records]
+                             default_think_s=default_think_s, tools=tools) for r in records]
     return limit([s for s in sessions if s.turns], scaling)
 
 

@@ -148,12 +148,15 @@ class Preparer:
         last = session.turns[-1].messages
         msgs = _mark(last, mark)
         ends = [len(t.messages) for t in session.turns]
-        prompts = self.counter.chat_prompts(msgs, ends)
+        tools = [dict(t) for t in session.tools]
+        prompts = self.counter.chat_prompts(msgs, ends, tools)
         out = []
         for turn, end, toks in zip(session.turns, ends, prompts):
             if self.max_context_tokens and len(toks) > self.max_context_tokens:
                 break
             body = {"messages": msgs[:end], "max_tokens": turn.max_tokens}
+            if tools:
+                body["tools"] = tools
             out.append((PreparedTurn(turn, CHAT_ENDPOINT, body, len(toks),
                                      keys=prefix_keys(toks)), toks))
         return out

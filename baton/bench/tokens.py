@@ -2,10 +2,12 @@
 
 `TokenCounter` counts with the served model's tokenizer (`AutoTokenizer` on the folder that
 `baton.models.registry.resolve_model` returns) or, when there is none, approximately: one
-"token" per 4 characters. Chat prompts are rendered with the tokenizer's chat template (ChatML
-without one) and tokenized per message, so the token list of turn k is literally the token list
-of turn k-1 plus the new messages (exact for templates that start each message with a special
-token, such as ChatML; a close estimate otherwise).
+"token" per 4 characters. Chat prompts are rendered as the gateway renders them by default
+(baton/chat_format.py: the tokenizer's chat template, or the shipped tool-aware one that
+replaces it, e.g. SmolLM2's; messages normalized; `tools` passed to the template; ChatML
+without a template) and tokenized per message, so the token list of turn k is literally the
+token list of turn k-1 plus the new messages (exact for templates that start each message
+with a special token, such as ChatML; a close estimate otherwise).
 
 `BlockSynth` turns hash ids into tokens: every (namespace, hash id) maps deterministically to
 `block_tokens` words drawn from a fixed list, so requests with equal leading ids share real
@@ -14,6 +16,7 @@ token prefixes and different ids do not (beyond chance agreement of a first word
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import zlib
@@ -21,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from baton.chat_format import message_text, normalize_message, resolve_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +47,12 @@ def _piece_ids(text: str) -> list[int]:
 
 
 class TokenCounter:
-    """Counts tokens of text and chat prompts; `approximate` when no tokenizer was loaded."""
+    """Counts tokens of text and chat prompts; `approximate` when no tokenizer was loaded.
+    chat_template: the template text to render with (None: the tokenizer's own)."""
 
-    def __init__(self, tokenizer=None):
+    def __init__(self, tokenizer=None, chat_template: str | None = None):
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
 
     @classmethod
     def for_model(cls, model: str | None) -> TokenCounter:
@@ -58,7 +65,8 @@ class TokenCounter:
             from baton.models.registry import resolve_model
 
             folder = Path(model) if Path(model).is_dir() else resolve_model(model)
-            return cls(AutoTokenizer.from_pretrained(str(folder)))
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            return cls(tokenizer, resolve_chat_template(None, tokenizer.chat_template))
         except Exception as exc:  # noqa: BLE001 - any failure means "estimate instead"
             logger.warning("no tokenizer for %s (%s): counting chars/4", model, exc)
             return cls(None)
@@ -75,32 +83,38 @@ class TokenCounter:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def _render(self, messages: list[dict], generation: bool) -> str:
+    def _render(self, messages: list[dict], generation: bool,
+                tools: list[dict] | None = None) -> str:
         tok = self.tokenizer
-        if tok is not None and getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(messages, tokenize=False,
+        if tok is not None and (self.chat_template or getattr(tok, "chat_template", None)):
+            return tok.apply_chat_template([normalize_message(m) for m in messages],
+                                           tools=tools or None, tokenize=False,
+                                           chat_template=self.chat_template,
                                            add_generation_prompt=generation)
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        text = "".join(f"<|im_start|>{m['role']}\n{message_text(m.get('content'))}"
+                       f"{_calls_text(m.get('tool_calls'))}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if generation else "")
 
-    def chat_prompts(self, messages: list[dict], ends: list[int]) -> list[np.ndarray]:
-        """Token ids of each prompt `messages[:end] + generation prompt`, for end in `ends`.
+    def chat_prompts(self, messages: list[dict], ends: list[int],
+                     tools: list[dict] | None = None) -> list[np.ndarray]:
+        """Token ids of each prompt `messages[:end] + generation prompt` (with `tools`), for
+        end in `ends`.
 
         Renders every message prefix once and tokenizes only the new piece of text; falls back
         to tokenizing each whole prompt if the template is not prefix-additive.
         """
         n = max(ends)
-        renders = [self._render(messages[:e], False) for e in range(1, n + 1)]
+        renders = [self._render(messages[:e], False, tools) for e in range(1, n + 1)]
         pieces, prev = [], ""
         for r in renders:
             if not r.startswith(prev):
-                return [np.asarray(self.encode(self._render(messages[:e], True)), np.int64)
-                        for e in ends]
+                return [np.asarray(self.encode(self._render(messages[:e], True, tools)),
+                                   np.int64) for e in ends]
             pieces.append(np.asarray(self.encode(r[len(prev):]), np.int64))
             prev = r
         out = []
         for e in ends:
-            full = self._render(messages[:e], True)
+            full = self._render(messages[:e], True, tools)
             base = renders[e - 1]
             if not full.startswith(base):
                 out.append(np.asarray(self.encode(full), np.int64))
@@ -108,6 +122,11 @@ class TokenCounter:
             out.append(np.concatenate(pieces[:e] + [np.asarray(self.encode(full[len(base):]),
                                                                np.int64)]))
         return out
+
+
+def _calls_text(calls) -> str:
+    """Tool calls as text, for the approximate count without a template."""
+    return "".join(json.dumps(c.get("function", c)) for c in calls or ())
 
 
 def _vocab_words(tokenizer) -> tuple[list[int], list[str]]:

@@ -78,6 +78,7 @@ class Session:
     block_tokens: int = 0
     block_scope: BlockScope = BlockScope.GLOBAL
     start_s: float | None = None  # absolute trace start (open loop); None: drawn from a rate
+    tools: tuple[dict, ...] = ()  # OpenAI `tools` every chat turn sends (none: no field)
 
     def num_requests(self) -> int:
         return len(self.turns) + sum(c.session.num_requests() for c in self.children)

@@ -173,3 +173,74 @@ async def test_oversized_message_is_refused_and_the_front_serves_on(stub, fake):
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert not fake.servicer.requests
     assert len(await collect(stub, gateway_pb2.GatewayGenerateRequest(text="ok"))) == 4
+
+
+WEATHER = gateway_pb2.ToolDefinition(
+    name="get_weather", parameters_json='{"type": "object", "properties": {"city": '
+                                        '{"type": "string"}}}')
+TIME = gateway_pb2.ToolDefinition(name="get_time", parameters_json="{}")
+
+
+def _chat(**choice) -> gateway_pb2.GatewayGenerateRequest:
+    return gateway_pb2.GatewayGenerateRequest(chat=gateway_pb2.ChatPrompt(
+        messages=[gateway_pb2.ChatMessage(role="user", content="Weather in Paris?")],
+        tools=[WEATHER, TIME], tool_choice=gateway_pb2.ToolChoice(**choice)))
+
+
+async def test_tool_calls_are_parsed_as_over_http(stub, fake):
+    from tests.gateway.test_http_api import TOOL_TOKENS
+    fake.servicer.behavior = Behavior(tokens=TOOL_TOKENS)
+    msgs = await collect(stub, _chat())
+    kinds = [m.WhichOneof("kind") for m in msgs]
+    assert kinds[-1] == "finished" and kinds.count("tool_call") == 2
+    text = "".join(m.tokens.text_delta for m in msgs if m.WhichOneof("kind") == "tokens")
+    assert text == "Let me check."  # the calls' text is not content
+    calls = [m.tool_call for m in msgs if m.WhichOneof("kind") == "tool_call"]
+    assert [(c.index, c.name, c.arguments) for c in calls] == [
+        (0, "get_weather", '{"city": "Paris"}'), (0, "get_time", "{}")]
+    token_ids = [t for m in msgs if m.WhichOneof("kind") == "tokens" for t in m.tokens.token_ids]
+    assert token_ids == [t for t, _ in TOOL_TOKENS]  # every token id still arrives
+    msgs = await collect(stub, _chat(mode="none"))  # tool_choice none: the raw text
+    assert "<tool_call>" in "".join(m.tokens.text_delta for m in msgs
+                                    if m.WhichOneof("kind") == "tokens")
+    assert not any(m.WhichOneof("kind") == "tool_call" for m in msgs)
+
+
+async def test_forced_tool_choice_over_grpc_and_its_errors(stub, fake):
+    await collect(stub, _chat(function_name="get_time"))
+    so = fake.servicer.requests[-1].sampling_params.structured_output
+    assert so.prefix == "<tool_call>\n" and '"const": "get_time"' in so.json_schema
+    for bad in (dict(function_name="nope"), dict(mode="sometimes")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, _chat(**bad))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(e.value.trailing_metadata())["baton-field"] == "chat.tool_choice"
+
+
+@pytest.mark.parametrize("parser,prefix,suffix,key,as_list", [
+    ("hermes", "<tool_call>\n", "\n</tool_call>", "arguments", False),
+    ("llama3_json", "", "", "parameters", False),
+    ("mistral", "[TOOL_CALLS]", "", "arguments", True)])
+async def test_a_forced_call_is_rendered_in_the_active_parsers_format(prompts, fake, parser,
+                                                                      prefix, suffix, key,
+                                                                      as_list):
+    """The grammar of a forced call is the configured parser's format, and what it allows
+    parses back into the call, on every front."""
+    import json
+
+    from gateway.tool_parsers import make_tool_parser
+    async with running_gateway(prompts, [fake], tool_call_parser=parser) as gw:
+        async with grpc.aio.insecure_channel(gw.grpc_address) as channel:
+            await collect(gateway_pb2_grpc.GatewayServiceStub(channel),
+                          _chat(function_name="get_weather"))
+    so = fake.servicer.requests[-1].sampling_params.structured_output
+    schema = json.loads(so.json_schema)
+    call = schema["items"] if as_list else schema
+    assert (so.prefix, so.suffix, as_list) == (prefix, suffix, "items" in schema)
+    assert set(call["properties"]) == {"name", key}
+    obj = {"name": "get_weather", key: {"city": "Paris"}}
+    text = so.prefix + json.dumps([obj] if as_list else obj) + so.suffix
+    p = make_tool_parser(parser)
+    content, calls = p.feed(text)
+    tail, more = p.finish()
+    assert (content + tail).strip() == "" and [c.name for c in calls + more] == ["get_weather"]

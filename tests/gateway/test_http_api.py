@@ -201,12 +201,20 @@ async def test_session_header_and_user_reach_the_worker(gateway, fake):
     assert fake.servicer.requests[-1].session_id == "corr"
     await post(gateway, "/v1/chat/completions", {**CHAT, "user": "u-9"})
     assert fake.servicer.requests[-1].session_id == "u-9"
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, "user": "u-9",
+                                                     "prompt_cache_key": "pck"})
+    assert fake.servicer.requests[-1].session_id == "pck"  # before `user`, after the headers
+    assert "x-baton-ignored-fields" not in r.headers
 
 
 async def test_models_health_metrics(gateway):
     async with httpx.AsyncClient(base_url=gateway.http_url) as c:
         models = (await c.get("/v1/models")).json()
         assert models["data"][0]["id"] == MODEL and models["data"][0]["max_model_len"] == 1024
+        assert (await c.get(f"/v1/models/{MODEL}")).json() == models["data"][0]
+        missing = await c.get("/v1/models/gpt-9")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == \
+            "model_not_found"
         await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
         await c.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
         health = await c.get("/health")

@@ -28,6 +28,33 @@ def test_session_header_precedence():
     assert keys({"X-Dynamo-Parent-Session-ID": "p", "X-SMG-Routing-Key": "c"}) == ("c", "p")
 
 
+def test_agent_harness_headers_and_body_keys():
+    """Claude Code (with subagents), Codex, OpenCode, then the body's keys, in the order of
+    gateway/sessions.py."""
+    def keys(headers: dict, *body: str | None, explicit: str = "") -> SessionKeys:
+        return session_keys({k.lower(): v for k, v in headers.items()}.get, body=body,
+                            explicit=explicit)
+
+    cc = {"X-Claude-Code-Session-Id": "S"}
+    assert keys(cc) == ("S", "")
+    assert keys({**cc, "X-Claude-Code-Agent-Id": "a1"}) == ("S:a1", "S")
+    assert keys({**cc, "X-Claude-Code-Agent-Id": "a2",
+                 "X-Claude-Code-Parent-Agent-Id": "a1"}) == ("S:a2", "S:a1")
+    assert keys({"X-Claude-Code-Agent-Id": "a1"}, "body") == ("body", "")  # no session id
+    assert keys({"Thread-Id": "t", "Session-Id": "s", "X-Codex-Parent-Thread-Id": "p"}) == \
+        ("t", "p")
+    assert keys({"Session-Id": "s"}) == ("s", "") == keys({"session_id": "s"})
+    assert keys({"X-Session-ID": "o", "X-Parent-Session-ID": "op"}) == ("o", "op")  # OpenCode
+    # the families in order: Baton's/OpenCode's, Dynamo's, Claude Code's, Codex's, ...
+    every = {"X-Session-ID": "1", "X-Dynamo-Session-ID": "2", **cc, "Thread-Id": "4",
+             "X-SMG-Routing-Key": "5", "X-Correlation-ID": "6"}
+    order = list(every)
+    for i, h in enumerate(order):
+        assert keys({k: every[k] for k in order[i:]}, "pck", "u").session_id == every[h]
+    assert keys({}, "pck", "u") == ("pck", "") and keys({}, None, "u") == ("u", "")
+    assert keys(every, "pck", explicit="grpc") == ("grpc", "")
+
+
 @pytest.fixture
 async def two_workers():
     workers = [await FakeWorker.start(worker_id=f"w{i}") for i in range(2)]

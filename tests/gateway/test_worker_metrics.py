@@ -17,6 +17,7 @@ def _worker_registry(running: int) -> CollectorRegistry:
         .labels("tiny").set(running)
     Counter("vllm:prompt_tokens", "prompt tokens", ["model_name"], registry=r) \
         .labels("tiny").inc(10 * running)
+    Gauge("baton_kv_free_blocks", "a worker's own series", registry=r).set(7)
     return r
 
 
@@ -46,6 +47,34 @@ async def test_worker_metrics_are_merged_with_worker_and_role_labels(prompts):
         assert up == {workers[0].address: 1.0, workers[1].address: 1.0, silent.address: 0.0}
     finally:
         for w in [*workers, silent, bare]:
+            await w.stop(0)
+        for httpd, thread in servers:
+            httpd.shutdown()
+
+
+async def test_the_gateways_metrics_carry_the_workers_vllm_series(prompts):
+    """GET /metrics: the gateway's own series, then every worker's `vllm:*` series with its
+    worker and role labels (what AgentX and Grafana read from the one URL); nothing else
+    of the workers'."""
+    servers = [start_http_server(0, addr="127.0.0.1", registry=_worker_registry(n))
+               for n in (1, 2)]
+    workers = [await FakeWorker.start(worker_id=f"w{i}", metrics_port=s[0].server_port)
+               for i, s in enumerate(servers)]
+    try:
+        async with running_gateway(prompts, workers) as gw, \
+                httpx.AsyncClient(base_url=gw.http_url, timeout=10) as c:
+            await asyncio.sleep(0.3)
+            r = await c.get("/metrics")
+        samples = [s for f in text_string_to_metric_families(r.text) for s in f.samples]
+        running = {s.labels["worker"]: s.value for s in samples
+                   if s.name == "vllm:num_requests_running"}
+        assert running == {workers[0].address: 1.0, workers[1].address: 2.0}
+        assert sum(s.value for s in samples if s.name == "vllm:prompt_tokens_total") == 30.0
+        names = {s.name for s in samples}
+        assert "baton_gateway_inflight_requests" in names
+        assert not names & {"baton_kv_free_blocks", "baton_worker_metrics_up"}
+    finally:
+        for w in workers:
             await w.stop(0)
         for httpd, thread in servers:
             httpd.shutdown()

@@ -1,0 +1,188 @@
+"""Anthropic's Messages API: the official `anthropic` client against the gateway and a fake
+decode worker (bodies, streams, tool round trips, count_tokens, errors, Claude Code's
+session headers and billing line)."""
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+from tests.gateway.conftest import MODEL, Behavior, running_gateway
+from tests.gateway.test_http_api import TOOL_TOKENS
+
+TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}},
+         {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture
+async def gw(prompts, fake):
+    async with running_gateway(prompts, [fake], api_key="k") as gw:
+        yield gw
+
+
+@pytest.fixture
+async def client(gw):
+    async with anthropic.AsyncAnthropic(base_url=gw.http_url, api_key="k", max_retries=0,
+                                        timeout=10) as c:
+        yield c
+
+
+async def test_non_streaming_message(client, fake):
+    fake.servicer.behavior = Behavior(cached_tokens=4)
+    m = await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                     system="Be brief.", stop_sequences=["zzz"],
+                                     extra_body={"temperature": 0.5, "top_p": 0.9,
+                                                 "top_k": 7})
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == "Hello world!"
+    assert m.stop_reason == "end_turn" and m.stop_sequence is None
+    req = fake.servicer.requests[-1]
+    sp = req.sampling_params
+    assert (sp.max_tokens, sp.top_k, list(sp.stop)) == (8, 7, ["zzz"])
+    assert sp.temperature == pytest.approx(0.5) and sp.top_p == pytest.approx(0.9)
+    prompt = len(req.prompt_token_ids)
+    assert (m.usage.input_tokens, m.usage.cache_read_input_tokens) == (prompt - 4, 4)
+    assert m.usage.output_tokens == 3
+
+
+async def test_streaming_message_and_its_event_sequence(gw, client, fake):
+    async with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK) as stream:
+        texts = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == "Hello world!" and final.content[0].text == "Hello world!"
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+    async with httpx.AsyncClient(base_url=gw.http_url, headers={"x-api-key": "k"}) as c:
+        r = await c.post("/v1/messages", json={"model": MODEL, "max_tokens": 8,
+                                                "messages": ASK, "stream": True})
+    names = [line[len("event: "):] for line in r.text.splitlines()
+             if line.startswith("event: ")]
+    assert names == ["message_start", "ping", "content_block_start",
+                     *["content_block_delta"] * 3, "content_block_stop", "message_delta",
+                     "message_stop"]
+
+
+async def test_stop_sequence_and_max_tokens_stop_reasons(client, fake):
+    m = await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                     stop_sequences=[" world"])
+    assert (m.stop_reason, m.stop_sequence, m.content[0].text) == \
+        ("stop_sequence", " world", "Hello")
+    m = await client.messages.create(model=MODEL, max_tokens=1, messages=ASK)
+    assert m.stop_reason == "max_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_round_trip(client, fake, stream):
+    """tool_use → tool_result → answer; the result reaches the prompt as a tool turn."""
+    fake.servicer.behavior = Behavior(tokens=TOOL_TOKENS)
+    kwargs = dict(model=MODEL, max_tokens=64, messages=ASK, tools=TOOLS)
+    if stream:
+        async with client.messages.stream(**kwargs) as s:
+            first = await s.get_final_message()
+    else:
+        first = await client.messages.create(**kwargs)
+    assert first.stop_reason == "tool_use"
+    assert [b.type for b in first.content] == ["text", "tool_use", "tool_use"]
+    assert first.content[0].text == "Let me check."
+    call = first.content[1]
+    assert (call.name, call.input) == ("get_weather", {"city": "Paris"})
+    assert call.id.startswith("toolu_")
+    fake.servicer.behavior = Behavior()
+    history = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+               {"role": "user", "content": [
+                   {"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"},
+                   {"type": "tool_result", "tool_use_id": first.content[2].id,
+                    "content": [{"type": "text", "text": "12:00"}]}]}]
+    answer = await client.messages.create(model=MODEL, max_tokens=8, messages=history,
+                                          tools=TOOLS)
+    assert answer.content[0].text == "Hello world!" and answer.stop_reason == "end_turn"
+    prompt = fake.servicer.requests[-1].prompt_token_ids
+    text = (await client.messages.count_tokens(model=MODEL, messages=history, tools=TOOLS))
+    assert text.input_tokens == len(prompt)
+
+
+async def test_forced_tool_choice_is_a_call_in_the_parsers_format(client, fake):
+    await client.messages.create(model=MODEL, max_tokens=64, messages=ASK, tools=TOOLS,
+                                 tool_choice={"type": "tool", "name": "get_weather"})
+    so = fake.servicer.requests[-1].sampling_params.structured_output
+    assert so.prefix == "<tool_call>\n" and so.suffix == "\n</tool_call>"
+    assert json.loads(so.json_schema)["properties"]["name"] == {"const": "get_weather"}
+    await client.messages.create(model=MODEL, max_tokens=64, messages=ASK, tools=TOOLS,
+                                 tool_choice={"type": "any"})
+    schema = json.loads(fake.servicer.requests[-1].sampling_params.structured_output.json_schema)
+    assert len(schema["anyOf"]) == 2
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK, tools=TOOLS,
+                                 tool_choice={"type": "none"})
+    sp = fake.servicer.requests[-1].sampling_params
+    assert not sp.HasField("structured_output")
+
+
+async def test_count_tokens_matches_the_prompt_sent(client, fake):
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK, system="S")
+    counted = await client.messages.count_tokens(model=MODEL, messages=ASK, system="S")
+    assert counted.input_tokens == len(fake.servicer.requests[-1].prompt_token_ids)
+
+
+async def test_errors_are_anthropic_exceptions(client, fake, prompts):
+    with pytest.raises(anthropic.NotFoundError) as e:
+        await client.messages.create(model="claude-9", max_tokens=8, messages=ASK)
+    assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await client.messages.create(model=MODEL, max_tokens=8, messages=[])
+    assert e.value.body["type"] == "error"
+    with pytest.raises(anthropic.BadRequestError):
+        await client.messages.count_tokens(model=MODEL, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    fake.servicer.behavior = Behavior(fail_after=1)
+    with pytest.raises(anthropic.APIStatusError):
+        async with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK) as s:
+            async for _ in s:
+                pass
+    assert len(fake.servicer.requests) == 1  # only the stream reached the worker
+
+
+async def test_keys_x_api_key_or_bearer(gw):
+    async with anthropic.AsyncAnthropic(base_url=gw.http_url, api_key="bad",
+                                        max_retries=0) as c:
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            await c.messages.create(model=MODEL, max_tokens=8, messages=ASK)
+        assert e.value.body["error"]["type"] == "authentication_error"
+    async with anthropic.AsyncAnthropic(base_url=gw.http_url, auth_token="k",
+                                        max_retries=0) as c:  # Authorization: Bearer
+        assert (await c.messages.create(model=MODEL, max_tokens=8, messages=ASK)).content
+
+
+def _billing(turn: int) -> dict:
+    return {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.{turn}.a1b; "
+                                    f"cc_entrypoint=cli; cch={turn:05d};"}
+
+
+async def test_the_billing_line_is_stripped_so_the_prefix_is_shared(client, fake):
+    """Two requests differing only in Claude Code's billing line send the same ids."""
+    for turn in (1, 2):
+        await client.messages.create(
+            model=MODEL, max_tokens=8, messages=ASK, tools=TOOLS,
+            system=[_billing(turn), {"type": "text", "text": "You are Claude Code."}])
+    first, second = fake.servicer.requests[-2:]
+    assert list(first.prompt_token_ids) == list(second.prompt_token_ids)
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK, tools=TOOLS,
+                                 system="You are Claude Code.")
+    assert list(fake.servicer.requests[-1].prompt_token_ids) == list(first.prompt_token_ids)
+
+
+async def test_claude_code_session_and_subagent_headers(client, fake):
+    headers = {"x-claude-code-session-id": "cc-1"}
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                 extra_headers=headers)
+    assert fake.servicer.requests[-1].session_id == "cc-1"
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK, extra_headers={
+        **headers, "x-claude-code-agent-id": "a7"})
+    assert fake.servicer.requests[-1].session_id == "cc-1:a7"
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                 metadata={"user_id": "user-42"})
+    assert fake.servicer.requests[-1].session_id == "user-42"
