@@ -186,3 +186,38 @@ async def test_claude_code_session_and_subagent_headers(client, fake):
     await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
                                  metadata={"user_id": "user-42"})
     assert fake.servicer.requests[-1].session_id == "user-42"
+
+
+async def test_claude_codes_own_request_shape_is_served(gw, fake):
+    """What Claude Code itself sends: `?beta=true`, anthropic-version / anthropic-beta
+    headers, cache_control on system, message and tool blocks, a thinking config and fields
+    nothing here acts on; streamed."""
+    cache = {"type": "ephemeral"}
+    body = {"model": MODEL, "max_tokens": 32, "stream": True,
+            "system": [_billing(3), {"type": "text", "text": "You are Claude Code.",
+                                     "cache_control": cache}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                {"type": "text", "text": "Weather in Paris?", "cache_control": cache}]}],
+            "tools": [{**TOOLS[0], "cache_control": cache}],
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "metadata": {"user_id": "user_abc_account_1_session_s1"},
+            "context_management": {"edits": []}, "temperature": 1}
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-app": "cli",
+               "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+               "x-claude-code-session-id": "s1"}
+    async with httpx.AsyncClient(base_url=gw.http_url, headers=headers, timeout=10) as c:
+        r = await c.post("/v1/messages?beta=true", json=body)
+        counted = await c.post("/v1/messages/count_tokens?beta=true",
+                               json={k: body[k] for k in ("model", "system", "messages",
+                                                          "tools")})
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines()
+              if line.startswith("data: ")]
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "text_delta") == "Hello world!"
+    assert events[-1]["type"] == "message_stop"
+    req = fake.servicer.requests[-1]
+    assert req.session_id == "s1"
+    assert counted.status_code == 200 and \
+        counted.json()["input_tokens"] == len(req.prompt_token_ids)
