@@ -16,10 +16,9 @@ import time
 import grpc
 
 from baton.pd_cost import PRIOR_PREFILL_TOKENS_PER_S
-from baton.worker.flags import ServerConfig
 from decode_service.peers import PeerLoad
 from tests.reference import hf_greedy
-from tests.services.helpers import FORCE_REMOTE, pools_whole, prefill_config
+from tests.services.helpers import FORCE_REMOTE, pools_whole
 from prefill_service.server import PrefillServer
 from tests.services.test_failures import prompt_of, sample
 
