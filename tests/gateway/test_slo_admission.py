@@ -14,14 +14,23 @@ from gateway.admission import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS
 from gateway.admission import PRIOR_TOKENS_PER_S, PathQueue, SLOAdmission
 
 ITL_BUDGET_S, IDLE_BUDGET_S = PDPolicy().itl_budget_s, PDPolicy().idle_budget_s
-from gateway.config import PrefillModeChoice
+from gateway.config import PrefillModeChoice, RouterConfig, RoutingPolicy
 from gateway.errors import GatewayError
 from gateway.workers import DECODE, PREFILL
-from tests.gateway.conftest import MODEL, Behavior, FakeWorker, running_gateway
+from tests.gateway.conftest import MODEL, Behavior, FakeWorker
+from tests.gateway.conftest import running_gateway as _running_gateway
 from tests.gateway.fake_decode import start_fake_prefill
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}]}
 OVERLOAD = 100_000  # queued prompt tokens: 50 s at the prior 2000 tokens/s
+
+
+def running_gateway(prompts, workers, prefill_workers=(), **overrides):
+    """The gateway with polled stats that stay fresh for the test's length: the predictions
+    read the fakes' queues, which a loaded machine delaying one poll past the default 1 s
+    would otherwise turn stale (read as empty) and so admit what the test expects refused."""
+    router = RouterConfig(policy=RoutingPolicy.SESSION, stale_after_s=60.0)
+    return _running_gateway(prompts, workers, prefill_workers, router=router, **overrides)
 
 
 async def chat(gw) -> httpx.Response:
