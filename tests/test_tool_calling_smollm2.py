@@ -84,3 +84,60 @@ async def test_openai_client_gets_parsed_tool_calls_and_the_prefix_is_reused(smo
     finally:
         await gateway.stop()
         await decode.stop(drain_s=0)
+
+
+async def test_anthropic_and_responses_clients_round_trip_a_tool_on_smollm2(smollm2):
+    """Issue 25: the official `anthropic` client (tool_use → tool_result → answer) and the
+    `openai` client's Responses API (function_call → function_call_output → answer) on the
+    default model; the call is forced (tool_choice), so the tiny model's call is constrained
+    to the hermes format and the tool's schema."""
+    import anthropic
+    decode = await start_decode(smollm2, "grpc", None,
+                                engine=engine_config(smollm2, num_blocks=512))
+    gateway = Gateway(GatewayConfig(model=str(smollm2), decode=(decode.address,), port=0,
+                                    poll_interval_s=0.1, router=RouterConfig()),
+                      PromptBuilder.from_folder(smollm2))
+    await gateway.start()
+    fn = TOOLS[0]["function"]
+    ask = "What is the weather in Paris?"
+    try:
+        async with anthropic.AsyncAnthropic(base_url=gateway.http_url, api_key="x",
+                                            max_retries=0, timeout=120) as client:
+            tools = [{"name": fn["name"], "description": fn["description"],
+                      "input_schema": fn["parameters"]}]
+            first = await client.messages.create(
+                model=str(smollm2), max_tokens=48, tools=tools, extra_body={"temperature": 0},
+                tool_choice={"type": "tool", "name": "get_weather"},
+                messages=[{"role": "user", "content": ask}])
+            assert first.stop_reason == "tool_use"
+            use = next(b for b in first.content if b.type == "tool_use")
+            assert use.name == "get_weather" and isinstance(use.input.get("city"), str)
+            answer = await client.messages.create(
+                model=str(smollm2), max_tokens=16, tools=tools, extra_body={"temperature": 0},
+                messages=[{"role": "user", "content": ask},
+                          {"role": "assistant",
+                           "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                          {"role": "user", "content": [{"type": "tool_result",
+                                                        "tool_use_id": use.id,
+                                                        "content": "18 C, sunny"}]}])
+            assert answer.content and answer.usage.cache_read_input_tokens > 0
+        async with openai.AsyncOpenAI(base_url=gateway.http_url + "/v1", api_key="x",
+                                      max_retries=0, timeout=120) as client:
+            tools = [{"type": "function", **fn}]
+            first = await client.responses.create(
+                model=str(smollm2), input=ask, tools=tools, temperature=0, store=False,
+                tool_choice={"type": "function", "name": "get_weather"},
+                max_output_tokens=48)
+            call = next(o for o in first.output if o.type == "function_call")
+            assert call.name == "get_weather" and "city" in json.loads(call.arguments)
+            answer = await client.responses.create(
+                model=str(smollm2), tools=tools, temperature=0, store=False,
+                max_output_tokens=16,
+                input=[{"role": "user", "content": ask}, call.model_dump(exclude_none=True),
+                       {"type": "function_call_output", "call_id": call.call_id,
+                        "output": "18 C, sunny"}])
+            assert answer.status in ("completed", "incomplete")
+            assert answer.usage.input_tokens_details.cached_tokens > 0
+    finally:
+        await gateway.stop()
+        await decode.stop(drain_s=0)
