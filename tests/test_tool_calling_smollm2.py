@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import openai
 import pytest
 
@@ -91,7 +92,6 @@ async def test_anthropic_and_responses_clients_round_trip_a_tool_on_smollm2(smol
     `openai` client's Responses API (function_call → function_call_output → answer) on the
     default model; the call is forced (tool_choice), so the tiny model's call is constrained
     to the hermes format and the tool's schema."""
-    import anthropic
     decode = await start_decode(smollm2, "grpc", None,
                                 engine=engine_config(smollm2, num_blocks=512))
     gateway = Gateway(GatewayConfig(model=str(smollm2), decode=(decode.address,), port=0,
