@@ -66,15 +66,15 @@ def clean_message(msg: dict) -> dict:
 
 
 def tool_message(msg: dict) -> dict:
-    """An OpenAI message as an agent sends it: string content (null beside tool calls),
-    `tool_calls` with JSON-text arguments, a tool message's `tool_call_id`."""
+    """An OpenAI message as an agent sends it: string content ("" beside tool calls, as
+    OpenAI accepts and every chat template takes), `tool_calls` with JSON-text arguments, a
+    tool message's `tool_call_id`."""
     text = msg.get("content")
     if text is not None and not isinstance(text, str):
         text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
     out: dict = {"role": msg["role"], "content": text or ""}
     calls = msg.get("tool_calls")
     if calls and isinstance(calls, list):
-        out["content"] = text or None
         out["tool_calls"] = [{"id": c.get("id") or f"call_{k}", "type": "function", "function": {
             "name": c.get("function", {}).get("name", ""),
             "arguments": _arguments_text(c.get("function", {}).get("arguments"))}}
