@@ -17,6 +17,14 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
     remote   = (prefill worker's queue + uncached) / remote rate
                + (blocks written to decode + blocks decode holds, read by prefill at worst)
                  × bytes per block / transfer rate + a fixed call overhead
+               remote rate: the prefill worker's, × (1 − remote_stall_fraction) while decode
+               runs sequences (on shared cores a busy decode keeps its share of them)
+    remote stall = remote_stall_fraction × uncached / remote rate
+               what the running sequences lose while the remote prefill computes beside
+               them on cores they share (`baton up --pin share`: both busy, each worker
+               steps with half the cores, cpu_share.py); 0 on the prefill worker's own cores
+    on shared cores (remote_stall_fraction > 0) the local and remote prefill rates are one,
+    the higher of the two measured (`shared_rates`): the two paths run on the same cores
 
     rules, in order:
       min_remote_tokens given (--min-remote-tokens)
@@ -26,6 +34,12 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
       decode idle, stall ≤ idle budget (nothing runs here to stall; a sequence arriving
                                    meanwhile waits at most that long)
                                    → the faster of local / remote "idle_faster_local|remote"
+      stall > budget, remote stall > that budget too (the ITL budget while decode runs,
+                                   the idle budget while it does not; shared cores: neither
+                                   path keeps the budget, so the request does not pay for a
+                                   protection the batch does not get)
+                                   → the faster of local / remote
+                                                         "shared_faster_local|remote"
       stall > budget, decode busy  → remote                                    "itl_budget"
       stall > budget, decode idle  → local when going remote costs this request more extra
                                      wait than the local prefill would block the engine
@@ -38,14 +52,26 @@ on one decode worker, whose prefix cache then holds the whole previous turn, so 
 continuation's `uncached` is only the new suffix (a tool result, a user message): its stall
 fits the ITL budget, or the idle budget while nothing decodes here, and it goes local — no
 transfer, and no wait behind the prefill worker's queue of long prompts. A first turn (or a
-session that moved) is cold: its stall exceeds both budgets and it goes remote.
+session that moved) is cold: its stall exceeds both budgets and it goes remote when the
+prefill worker has cores of its own; on cores it shares with decode (`baton up --pin share`,
+the one-host default) it takes the faster path, which is local unless decode's own prefill
+queue is long.
 The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
 so the gateway predicts with the budgets decode really uses.
+
+Why shared cores change the rule (measured on a 2-vCPU AMD EPYC, fp32 SmolLM2-135M, offline
+engine): two threads prefill 590 tokens/s and one 330; a batch-4 decode step takes 41 ms
+on two threads and 66 ms on one. A remote prefill beside a busy decode on the same two cores
+so takes 1.8x as long as a local one (the request's TTFT) and still slows every running
+sequence by 0.375 of its compute time, against a local prefill's whole compute time: it buys
+the batch little and costs the request most. The AgentX harness (c=4, mooncake slice) showed
+it: the default cluster, sending every such prompt remote ("itl_budget"), had TTFT p90
+2,094 ms against colocated's 628 at the same ITL p90 (BENCHMARKS.md, issue 28).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 # Priors until the first measurements land: a few thousand prompt tokens/s per side (a 135M
@@ -89,19 +115,24 @@ class PDPolicy:
     when it is the faster path (0: idle decode is treated like a stall past the ITL budget).
     remote_overhead_s: fixed cost of a remote prefill (Prefill call, receive, first token).
     min_remote_tokens: when set, the fixed threshold of old replaces the estimate.
+    remote_stall_fraction: in [0, 1], the share of decode's step rate a remote prefill
+    takes while it runs (cores shared with the prefill worker: CpuShare.shared_fraction;
+    0: the prefill worker computes on cores of its own).
     Defaults: the decode worker's (baton/worker/role_configs.py DecodeConfig)."""
 
     itl_budget_s: float = 0.05
     idle_budget_s: float = 0.25
     remote_overhead_s: float = 0.005
     min_remote_tokens: int | None = None
+    remote_stall_fraction: float = 0.0
 
     @classmethod
     def from_stats(cls, itl_budget_ms: float, idle_budget_ms: float,
-                   min_remote_tokens: int) -> PDPolicy:
-        """The policy a decode worker published (WorkerStats fields 19-21; min 0 = none)."""
+                   min_remote_tokens: int, remote_stall_fraction: float = 0.0) -> PDPolicy:
+        """The policy a decode worker published (WorkerStats.pd_policy; min 0 = none)."""
         return cls(itl_budget_s=itl_budget_ms / 1e3, idle_budget_s=idle_budget_ms / 1e3,
-                   min_remote_tokens=min_remote_tokens or None)
+                   min_remote_tokens=min_remote_tokens or None,
+                   remote_stall_fraction=remote_stall_fraction)
 
 
 class PDCosts(NamedTuple):
@@ -111,6 +142,7 @@ class PDCosts(NamedTuple):
     stall_s: float
     local_s: float
     remote_s: float
+    remote_stall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,14 +161,36 @@ class PDDecision:
 def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
     """The estimate of the module docstring for one request."""
     uncached = max(0, s.num_prompt_tokens - s.num_cached_tokens)
+    if p.remote_stall_fraction > 0:  # shared cores: one rate for both paths
+        r = shared_rates(r)
     stall = uncached / r.local_tokens_per_s
     local = (s.decode_waiting_tokens + uncached) / r.local_tokens_per_s
     held = s.num_cached_tokens // s.block_size
     written = math.ceil(s.num_prompt_tokens / s.block_size) - held  # into decode's blocks
     read = held  # decode's hit, read by the prefill worker where it lacks it (at worst all)
-    remote = (s.prefill_waiting_tokens + uncached) / r.remote_tokens_per_s \
+    rate = remote_rate(r.remote_tokens_per_s, s.decode_running, p)
+    remote = (s.prefill_waiting_tokens + uncached) / rate \
         + (written + read) * s.block_bytes / r.transfer_bytes_per_s + p.remote_overhead_s
-    return PDCosts(uncached, stall, local, remote)
+    remote_stall = p.remote_stall_fraction * uncached / rate
+    return PDCosts(uncached, stall, local, remote, remote_stall)
+
+
+def shared_rates(r: PDRates) -> PDRates:
+    """Both paths at the higher of the two measured prefill rates: on cores the workers
+    share, a local and a remote prefill run on the same cores, and each measured rate
+    undercounts them (decode's steps carry its decode rows, a rate learned from whole
+    requests their fixed costs), so a gap between the two is measurement, not hardware."""
+    best = max(r.local_tokens_per_s, r.remote_tokens_per_s)
+    return replace(r, local_tokens_per_s=best, remote_tokens_per_s=best)
+
+
+def remote_rate(measured: float, decode_running: int, p: PDPolicy) -> float:
+    """The prefill worker's rate for a request now: `measured` (tokens/s), less the share
+    of the cores a busy decode worker keeps when the two share them (remote_stall_fraction;
+    a remote prefill beside a busy decode on two shared cores runs on one)."""
+    if decode_running > 0:
+        return measured * max(1e-3, 1.0 - p.remote_stall_fraction)
+    return measured
 
 
 def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:
@@ -150,6 +204,8 @@ def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:
         return faster_remote, "faster_remote" if faster_remote else "faster_local"
     if decode_running == 0 and c.stall_s <= p.idle_budget_s:
         return faster_remote, "idle_faster_remote" if faster_remote else "idle_faster_local"
+    if c.remote_stall_s > (p.itl_budget_s if decode_running > 0 else p.idle_budget_s):
+        return faster_remote, "shared_faster_remote" if faster_remote else "shared_faster_local"
     if decode_running > 0:
         return True, "itl_budget"
     if c.remote_s - c.local_s > c.stall_s:

@@ -4,8 +4,9 @@
       pd = PDChooser.request(peer, min_remote_tokens)    data: the prefill queue estimate
                                                          now, the learned rates, the policy
       engine.call(rkv.add(..., pd=pd))
-          engine thread: decode's own prefix hit (RemoteKV.add), running batch and local
-          prefill queue (EngineStats) → PDState → baton/pd_cost.decide() → local / remote;
+          engine thread: decode's own prefix hit (RemoteKV.add), running batch, local
+          prefill queue and local prefill rate (EngineStats) → PDState →
+          baton/pd_cost.decide() → local / remote;
           the decision comes back with the plan (data, no callback across threads)
       PDChooser.record(decision, planned)   baton_decode_pd_decisions_total{path, reason}
     first token of a local prefill → observe_local; a remote prefill's answer →
@@ -14,9 +15,18 @@
     from the priors
 
 The prefill worker's queue is its last GetStats answer (PrefillPeers caches it: remote
-prefills poll it for progress anyway), drained by the learned remote rate for its age; an
-answer older than STATS_MAX_AGE_S asks for a fresh one in the background (no decision waits
-on a call), and no answer yet reads as an empty queue (unknown is not saturated).
+prefills poll it for progress anyway), drained by the remote rate for its age; an answer
+older than STATS_MAX_AGE_S asks for a fresh one in the background (no decision waits on a
+call), and no answer yet reads as an empty queue (unknown is not saturated).
+
+The prefill rates each path is priced with are the ones its engine measures per step
+(baton/engine/prefill_rate.py: prompt tokens over step time, median of recent steps; the
+prefill worker's comes in its GetStats, decode's own from its EngineStats on the engine
+thread), as the gateway's SLO admission uses them; the rates learned here from whole
+requests (pd_rates.py) stand in until a worker has measured one. Why: a whole request's
+time holds its fixed costs (scheduling, the first decode step, the call), so short prompts
+read as a slow rate; measured that way on the AgentX mooncake slice both paths read ~190
+tokens/s against ~590 per step, and the cost model chose wrongly between them.
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ import time
 from typing import TYPE_CHECKING
 
 from baton.engine.remote_kv import PDRequest
-from baton.pd_cost import PDDecision, PDPolicy
+from baton.pd_cost import PDDecision, PDPolicy, PDRates
 from baton.transfer import block_bytes
 from decode_service.pd_rates import PDEstimator
 from decode_service.peers import PrefillPeer, PrefillPeers
@@ -43,13 +53,17 @@ REMOTE_RATE, TRANSFER_RATE = "remote_prefill_tokens_per_second", "transfer_bytes
 
 class PDChooser:
     """itl_budget_s: --local-prefill-itl-budget-ms; idle_budget_s:
-    --local-prefill-idle-budget-ms. The rates are this worker's: its local prefill rate,
-    and each prefill peer process's remote and transfer rates (pd_rates.py)."""
+    --local-prefill-idle-budget-ms; remote_stall_fraction: what a remote prefill takes of
+    this worker's step rate (CpuShare.shared_fraction under `--pin share`, else 0). The
+    rates are this worker's: its local prefill rate, and each prefill peer process's remote
+    and transfer rates (pd_rates.py)."""
 
     def __init__(self, peers: PrefillPeers, metrics: DecodeMetrics, itl_budget_s: float,
-                 stats_timeout_s: float, idle_budget_s: float = 0.25) -> None:
+                 stats_timeout_s: float, idle_budget_s: float = 0.25,
+                 remote_stall_fraction: float = 0.0) -> None:
         self.peers, self.metrics, self.stats_timeout_s = peers, metrics, stats_timeout_s
-        self.policy = PDPolicy(itl_budget_s=itl_budget_s, idle_budget_s=idle_budget_s)
+        self.policy = PDPolicy(itl_budget_s=itl_budget_s, idle_budget_s=idle_budget_s,
+                               remote_stall_fraction=remote_stall_fraction)
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()
         peers.watch_epochs(self.new_epoch)
@@ -59,18 +73,27 @@ class PDChooser:
         min_remote_tokens: the fixed threshold that replaces the estimate (None: none)."""
         policy = self.policy if min_remote_tokens is None else \
             dataclasses.replace(self.policy, min_remote_tokens=min_remote_tokens)
-        return PDRequest(self.prefill_queue(peer), self.estimator.rates(peer.address),
-                         policy, self.block_bytes)
+        rates = self.rates(peer)
+        return PDRequest(self.prefill_queue(peer, rates.remote_tokens_per_s), rates, policy,
+                         self.block_bytes)
 
-    def prefill_queue(self, peer: PrefillPeer) -> int:
-        """The peer's num_waiting_tokens now: its last answer, less what it computed since."""
+    def rates(self, peer: PrefillPeer) -> PDRates:
+        """The learned rates, the remote prefill rate replaced by the one the peer measures
+        per step (its last GetStats `prefill_tokens_per_s`) once it has one."""
+        rates, load = self.estimator.rates(peer.address), self.peers.load(peer.address)
+        if load is not None and load.prefill_tokens_per_s > 0:
+            rates = dataclasses.replace(rates, remote_tokens_per_s=load.prefill_tokens_per_s)
+        return rates
+
+    def prefill_queue(self, peer: PrefillPeer, rate: float) -> int:
+        """The peer's num_waiting_tokens now: its last answer, less what it computed since
+        at `rate` tokens/s."""
         load, now = self.peers.load(peer.address), time.monotonic()
         if load is None or now - load.at > STATS_MAX_AGE_S:
             self.peers.refresh_load(peer, self.stats_timeout_s)
         if load is None:
             return 0
-        drained = (now - load.at) * self.estimator.peer(peer.address).remote.value
-        return max(0, int(load.num_waiting_tokens - drained))
+        return max(0, int(load.num_waiting_tokens - (now - load.at) * rate))
 
     def record(self, pd: PDRequest, d: PDDecision | None, planned: bool,
                request_id: str) -> None:

@@ -1,11 +1,14 @@
 """The rates the decode worker's P/D cost model (baton/pd_cost.py) prices paths with,
 learned online from its own measurements: a local prefill's tokens over the time from being
 scheduled to its first token, a remote prefill's computed tokens over the prefill worker's
-compute_seconds, a transfer's bytes over its seconds. Event loop only.
+compute_seconds, a transfer's bytes over its seconds. Event loop only. The prefill rates
+stand in until the workers' engines have measured their per-step ones (pd_choice.py); the
+transfer rate is always this one.
 
-Each is an EWMA starting from the priors (PRIOR_PREFILL_TOKENS_PER_S, PRIOR_TRANSFER_BYTES_PER_S)
-until the first measurements land. A prefill of fewer than MIN_SAMPLE_TOKENS tokens measures
-the step's fixed cost, not the rate, and is no sample. A sample must be a rate (`Ewma.add`):
+Each is an EWMA whose first measurement replaces its prior (PRIOR_PREFILL_TOKENS_PER_S,
+PRIOR_TRANSFER_BYTES_PER_S: guesses, used until something is measured). A prefill of fewer
+than MIN_SAMPLE_TOKENS tokens measures the step's fixed cost, not the rate, and is no
+sample. A sample must be a rate (`Ewma.add`):
 
     not finite, or ≤ 0 (a zero or negative duration)    rejected: a measurement bug, never
                                                           a rate; a negative rate would price
@@ -62,7 +65,9 @@ class Ewma:
         if self.samples and not self.value / OUTLIER_FACTOR <= x <= self.value * OUTLIER_FACTOR:
             return self._outlier(x)
         self._outliers.clear()
-        self.value += self.alpha * (x - self.value)
+        # the first measurement replaces the prior (a guess): blended in at alpha, a prior
+        # of 2,000 tokens/s still read ~1,050 after five samples of 590 (one EPYC core pair)
+        self.value = x if not self.samples else self.value + self.alpha * (x - self.value)
         self.samples += 1
         return True
 

@@ -65,6 +65,7 @@ class PeerLoad:
     num_running: int
     load: float
     kv_epoch: int = 0
+    prefill_tokens_per_s: float = 0.0  # its per-step rate (prefill_rate.py; 0: not measured)
 
 
 class AbortAnswer(enum.Enum):
@@ -224,7 +225,7 @@ class PrefillPeers:
             return None
         load = self._loads[peer.address] = PeerLoad(
             time.monotonic(), s.num_steps, s.num_waiting, s.num_waiting_tokens, s.num_running,
-            s.load, s.kv_epoch)
+            s.load, s.kv_epoch, s.prefill_tokens_per_s)
         self._seen(peer.address, s.kv_epoch)
         return load
 

@@ -50,8 +50,11 @@ class DecodeWorker:
         self.config, self.ae, self.remote_kv, self.peers = config, engine, remote_kv, peers
         self.metrics = metrics
         self.tasks = BackgroundTasks()
+        share = engine.cpu_share  # cores shared with the prefill worker (baton up --pin share)
         pd = PDChooser(peers, metrics, config.local_prefill_itl_budget_ms / 1e3,
-                       config.abort_timeout_seconds, config.local_prefill_idle_budget_ms / 1e3)
+                       config.abort_timeout_seconds, config.local_prefill_idle_budget_ms / 1e3,
+                       remote_stall_fraction=share.shared_fraction() if share else 0.0)
+        self.pd_policy = pd.policy
         self.ctx = DecodeContext(config, receiver, peers, metrics, self.tasks.spawn, pd)
         self.jobs: dict[str, Job] = {}
         self.accepting = True

@@ -18,6 +18,8 @@ join, instead of being prefilled (using prefill and transfer capacity) and then 
       rate     = the worker's prefill_tokens_per_s (WorkerStats: measured per step on the
                  worker, prefill_rate.py), PRIOR_TOKENS_PER_S until it has one
       TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
+      (on cores the two workers share, both at the higher of their rates, the prefill
+      worker's × (1 − remote_stall_fraction) while decode runs sequences: pd_cost.py)
     TTFT = the path the decode worker's P/D cost model (baton/pd_cost.py `choose`) takes,
       with the policy that worker publishes in WorkerStats (its ITL and idle budgets, or its
       fixed --min-remote-tokens): its rules on these predictions (stall = idle(decode),
@@ -47,9 +49,9 @@ Stale or missing stats count as an empty queue (unknown is not saturated, as in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from baton.pd_cost import PDCosts, PDPolicy, choose
+from baton.pd_cost import PDCosts, PDPolicy, choose, remote_rate
 from gateway.errors import GatewayError
 
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
@@ -95,6 +97,12 @@ class Ticket:
     released: bool = True
 
 
+def _at(pred: Prediction, rate: float, uncached: int) -> Prediction:
+    """`pred` with its seconds at `rate` tokens/s instead."""
+    return replace(pred, seconds=(pred.ahead + uncached) / rate,
+                   idle_seconds=uncached / rate, rate=rate)
+
+
 @dataclass
 class SLOAdmission:
     slo_ttft_s: float
@@ -121,9 +129,15 @@ class SLOAdmission:
         preds[1] (when allowed) the prefill worker's."""
         if len(preds) < 2:
             return preds[0]
-        local, remote = preds[0], preds[1]
+        local, remote, p = preds[0], preds[1], decode.policy
+        if p.remote_stall_fraction > 0:  # shared cores: one rate (pd_cost.shared_rates)
+            best = max(local.rate, remote.rate)
+            local, remote = _at(local, best, uncached), _at(remote, best, uncached)
+        remote = _at(remote, remote_rate(remote.rate, decode.num_running, p), uncached)
         go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds,
-                                      remote.seconds), decode.num_running, decode.policy)
+                                      remote.seconds,
+                                      p.remote_stall_fraction * remote.idle_seconds),
+                              decode.num_running, p)
         return remote if go_remote else local
 
     def admit(self, uncached: int, allowed: list[PathQueue]) -> Ticket:

@@ -216,7 +216,8 @@ class WorkerPool:
         if st.HasField("pd_policy"):
             p = st.pd_policy
             settings["policy"] = PDPolicy.from_stats(p.itl_budget_ms, p.idle_budget_ms,
-                                                     p.min_remote_tokens)
+                                                     p.min_remote_tokens,
+                                                     p.remote_stall_fraction)
         rate = st.prefill_tokens_per_s
         age = time.monotonic() - w.stats_at
         if age > self.config.router.stale_after_s:

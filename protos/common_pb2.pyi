@@ -237,14 +237,16 @@ class WorkerStats(_message.Message):
     def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., load: _Optional[float] = ..., kv_layout: _Optional[_Union[KVLayout, _Mapping]] = ..., kv_epoch: _Optional[int] = ..., snapshot: _Optional[_Union[BlockHashSnapshot, _Mapping]] = ..., num_steps: _Optional[int] = ..., metrics_port: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., prefill_target_tokens: _Optional[int] = ..., pd_policy: _Optional[_Union[PDPolicyInfo, _Mapping]] = ...) -> None: ...
 
 class PDPolicyInfo(_message.Message):
-    __slots__ = ("itl_budget_ms", "idle_budget_ms", "min_remote_tokens")
+    __slots__ = ("itl_budget_ms", "idle_budget_ms", "min_remote_tokens", "remote_stall_fraction")
     ITL_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     IDLE_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_REMOTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_STALL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     itl_budget_ms: float
     idle_budget_ms: float
     min_remote_tokens: int
-    def __init__(self, itl_budget_ms: _Optional[float] = ..., idle_budget_ms: _Optional[float] = ..., min_remote_tokens: _Optional[int] = ...) -> None: ...
+    remote_stall_fraction: float
+    def __init__(self, itl_budget_ms: _Optional[float] = ..., idle_budget_ms: _Optional[float] = ..., min_remote_tokens: _Optional[int] = ..., remote_stall_fraction: _Optional[float] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

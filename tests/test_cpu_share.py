@@ -128,3 +128,13 @@ async def test_a_step_follows_the_other_worker_between_layers(tiny_llama, tmp_pa
     assert len(out) == 1
     assert seen[0] == (2, 1)  # the step started alone, on both cores
     assert all(after == 1 for _, after in seen)
+
+
+def test_the_share_another_worker_takes_prices_remote_prefill(tmp_path):
+    """What a busy peer takes of this worker's cores (the P/D cost model's
+    remote_stall_fraction): half of an even count, none with no peer in the file."""
+    two = create_share_file(tmp_path / "two", 2)
+    assert CpuShare(two, 0, cpus=2).shared_fraction() == 0.5
+    assert CpuShare(two, 1, cpus=3).shared_fraction() == pytest.approx(2 / 3)
+    alone = create_share_file(tmp_path / "alone", 1)
+    assert CpuShare(alone, 0, cpus=2).shared_fraction() == 0.0

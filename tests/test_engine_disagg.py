@@ -171,7 +171,8 @@ def test_seeded_sampling_disaggregated_equals_colocated(tiny_llama):
 
 def test_the_cost_model_decides_with_the_prefix_hit(tiny_llama):
     """RemoteKV.add(pd=...): the P/D cost model decides on the engine thread with decode's
-    own prefix hit (here by a fixed threshold of 1 token, so the path is known)."""
+    own prefix hit (here by a fixed threshold of 1 token, so the path is known) and, once
+    the engine has measured one, its per-step prefill rate."""
     _, (decode, rkv) = _engines(tiny_llama)
     rng = random.Random(3)
     prompt = [rng.randrange(3, 380) for _ in range(37)]
@@ -179,9 +180,11 @@ def test_the_cost_model_decides_with_the_prefix_hit(tiny_llama):
     plan, _, d = rkv.add("a", prompt, PARAMS, pd=local)
     assert plan is None and (d.reason, d.stall_s) == ("faster_local", 37 / 2000)
     _drain(decode, "a")  # prefilled here: its 4 full prompt blocks are now cached
+    measured = decode.prefill_rate.tokens_per_s  # that step's rate now prices the local path
+    assert measured > 0
     remote = PDRequest(0, PDRates(), PDPolicy(min_remote_tokens=1), block_bytes=1024)
     plan, _, d = rkv.add("b", prompt + [5, 6], PARAMS, pd=remote)
-    assert (d.reason, d.stall_s) == ("threshold", 7 / 2000) and plan.num_cached_tokens == 32
+    assert (d.reason, d.stall_s) == ("threshold", 7 / measured) and plan.num_cached_tokens == 32
     assert decode.get_request("b").status == RequestStatus.WAITING_FOR_REMOTE_KV
     rkv.fail("b", recompute=False, aborted=True)
 

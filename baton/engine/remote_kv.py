@@ -22,7 +22,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from baton.engine.kv_cache import Block
@@ -113,10 +113,12 @@ class RemoteKV:
             remote = req.num_prompt_tokens - num_cached >= max(1, min_remote_tokens)
         else:
             stats = e.stats()
+            rates = pd.rates if stats.prefill_tokens_per_s <= 0 else \
+                replace(pd.rates, local_tokens_per_s=stats.prefill_tokens_per_s)
             decision = decide(PDState(req.num_prompt_tokens, num_cached,
                                       stats.counts.num_running, stats.num_waiting_tokens,
                                       pd.prefill_waiting_tokens, kv.block_size,
-                                      pd.block_bytes), pd.rates, pd.policy)
+                                      pd.block_bytes), rates, pd.policy)
             remote = decision.remote
         if not remote or \
                 kv.allocate_slots(request_id, req.num_prompt_tokens, hits) is None:

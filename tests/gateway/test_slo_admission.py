@@ -210,6 +210,14 @@ def test_the_prediction_uses_the_policy_and_chunk_the_workers_publish():
     assert adm.choose(preds, fixed, 400).address == "d:1"  # below its threshold: local
     adm.admit(3000, [PathQueue("p:2", 0, 1000.0, chunk_tokens=64)])
     assert adm.predict(100, PathQueue("p:2", 0, 1000.0, chunk_tokens=64)).ahead == 64
+    # a busy decode sharing its cores with the prefill worker (`--pin share`) is predicted
+    # to take the faster path, here its own; on cores of its own, the remote one
+    p330 = PathQueue("p:3", 0, 330.0)
+    shared = PathQueue("d:2", 0, 590.0, 3, policy=PDPolicy(remote_stall_fraction=0.5))
+    own = PathQueue("d:2", 0, 590.0, 3)
+    preds = [adm.predict(300, shared), adm.predict(300, p330)]
+    assert adm.choose(preds, shared, 300).address == "d:2"
+    assert adm.choose(preds, own, 300).address == "p:3"
 
 
 @pytest.mark.parametrize("behavior", [Behavior(), Behavior(reject=grpc.StatusCode.INTERNAL),

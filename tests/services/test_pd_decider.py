@@ -111,3 +111,41 @@ def test_flags_default_to_the_decider_and_keep_the_threshold():
     assert parse_args(["--local-prefill-idle-budget-ms", "0"]).local_prefill_idle_budget_ms == 0
     cfg = parse_args(["--min-remote-tokens", "64", "--local-prefill-itl-budget-ms", "20"])
     assert (cfg.min_remote_tokens, cfg.local_prefill_itl_budget_ms) == (64, 20.0)
+
+
+def test_on_shared_cores_a_busy_decode_takes_the_faster_path():
+    """Remote prefill on decode's own cores (`--pin share`) slows the batch too: past the
+    ITL budget on both paths, the request is not made to wait for a protection the batch
+    does not get. Both paths are priced at the higher measured rate (the same cores), the
+    remote one at its share of them beside a busy decode (the rates of a 2-vCPU EPYC: 590
+    tokens/s on two threads, 330 on one)."""
+    cpu = PDRates(local_tokens_per_s=590.0, remote_tokens_per_s=330.0, transfer_bytes_per_s=1e9)
+    shared = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.5)
+    d = decide(state(1000, cached=700, running=3), cpu, shared)
+    assert (d.path, d.reason) == ("local", "shared_faster_local")
+    assert d.local_s < d.remote_s
+    # own cores (fraction 0): the batch is protected, as before
+    own = decide(state(1000, cached=700, running=3), cpu, POLICY)
+    assert (own.path, own.reason) == ("remote", "itl_budget")
+    # a long local queue makes the remote path the faster one: it stays remote
+    queued = decide(state(1000, cached=700, running=3, decode_queue=3000), cpu, shared)
+    assert (queued.path, queued.reason) == ("remote", "shared_faster_remote")
+    # a remote prefill that takes less of the cores (a quarter: 160 tokens stall the batch
+    # 80 ms here, 27 ms there) stays inside the budget and still protects the batch
+    quarter = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.25)
+    small = decide(state(1000, cached=840, running=3), RATES, quarter)
+    assert (small.path, small.reason) == ("remote", "itl_budget")
+    assert small.remote_s == pytest.approx(160 / 1500 + 0.005 + 63 * BLOCK_BYTES / 1e9)
+
+
+def test_on_shared_cores_an_idle_decode_keeps_a_long_prompt_unless_remote_is_faster():
+    """Decode idle, a cold prompt past the idle budget: on its own cores the prefill worker
+    takes it ("long_prompt"); on shared ones a remote prefill would slow whatever starts
+    decoding meanwhile just as much, so the faster path (local: no transfer) wins."""
+    shared = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.5)
+    d = decide(state(2048), RATES, shared)
+    assert (d.path, d.reason) == ("local", "shared_faster_local")
+    assert decide(state(2048), RATES, POLICY).reason == "long_prompt"
+    # within the idle budget on the remote side (0.5 × 800 / 2000 = 0.2 s ≤ 0.25 s): as
+    # before, remote for a prompt too long to keep here
+    assert decide(state(800), RATES, shared).reason == "long_prompt"

@@ -5,6 +5,7 @@ process (kv_epoch) starts again from the priors."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from baton.pd_cost import PRIOR_PREFILL_TOKENS_PER_S, PRIOR_TRANSFER_BYTES_PER_S
 from decode_service.metrics import DecodeMetrics
 from decode_service.pd_choice import PDChooser
 from decode_service.pd_rates import OUTLIER_FACTOR, Ewma, PDEstimator
-from decode_service.peers import PrefillPeer, PrefillPeers
+from decode_service.peers import PeerLoad, PrefillPeer, PrefillPeers
 from protos import common_pb2, prefill_pb2
 
 
@@ -26,7 +27,8 @@ def test_a_sample_that_is_no_rate_is_rejected(x):
 def test_the_first_sample_is_taken_however_far_from_the_prior():
     e = Ewma(2000.0)
     assert e.add(2000.0 * OUTLIER_FACTOR * 5)  # the prior is a guess, not a measurement
-    assert e.samples == 1 and e.value == pytest.approx(2000.0 + 0.2 * (1e6 - 2000.0))
+    assert e.samples == 1 and e.value == 1e6  # it replaces the prior
+    assert e.add(5e5) and e.value == pytest.approx(1e6 + 0.2 * (5e5 - 1e6))  # then the EWMA
 
 
 def test_an_outlier_is_held_back_until_three_in_a_row_say_the_rate_moved():
@@ -122,3 +124,18 @@ def test_a_restart_seen_by_the_peers_resets_the_chooser_rates():
     peers._seen("p:1", 8, handshake=False)  # a new process answered on that address
     assert pd.estimator.rates("p:1").remote_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
     assert metrics.registry.get_sample_value("baton_decode_prefill_peer_restarts_total") == 1
+
+
+def test_the_remote_path_is_priced_with_the_rate_the_peer_measures_per_step():
+    """The prefill worker's GetStats `prefill_tokens_per_s` replaces the rate learned from
+    whole requests once it reports one (0: not measured yet, the learned one stands in);
+    its queue is drained at that rate for the answer's age."""
+    pd, peers, _ = _chooser()
+    peer = PrefillPeer("p:1", stub=None, worker_id="p:1", kv_epoch=7)
+    at = time.monotonic()
+    peers._loads["p:1"] = PeerLoad(at, 0, 0, 0, 0, 0.0, 7, prefill_tokens_per_s=0.0)
+    assert pd.rates(peer).remote_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
+    peers._loads["p:1"] = PeerLoad(at - 0.25, 0, 1, 1000, 0, 0.0, 7, prefill_tokens_per_s=400.0)
+    req = pd.request(peer, None)
+    assert req.rates.remote_tokens_per_s == 400.0
+    assert 880 <= req.prefill_waiting_tokens <= 900  # 1000 less ~0.25 s at 400 tokens/s

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import time
 
 import pytest
 
+from baton.worker.cpu_share import create_share_file
 from decode_service.pd_rates import Ewma
 from decode_service.peers import PeerLoad
+from decode_service.server import DecodeServer
+from tests.services.helpers import decode_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -20,6 +24,15 @@ pytestmark = pytest.mark.asyncio
 def prompt_of(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 380) for _ in range(n)]
+
+
+class PinnedRate:
+    """An engine's per-step prefill rate (baton/engine/prefill_rate.py), held fixed."""
+
+    tokens_per_s = 1000.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
 
 
 def decisions(decode, path: str, reason: str) -> float:
@@ -31,7 +44,9 @@ async def start(cluster, model):
     prefill = await cluster.prefill(model, "grpc")
     decode = await cluster.decode(model, "grpc", prefill.address, min_remote_tokens=None,
                                   local_prefill_itl_budget_ms=50.0)
-    est = decode.worker.ctx.pd.estimator  # pin the rates: 1000 prompt tokens/s each side
+    # pin the rates: 1000 prompt tokens/s each side, per step and learned
+    decode.engine.prefill_rate = prefill.engine.prefill_rate = PinnedRate()
+    est = decode.worker.ctx.pd.estimator
     est.local = Ewma(1000.0, alpha=0.0)
     est.peer(prefill.address).remote = Ewma(1000.0, alpha=0.0)
     return prefill, decode, cluster.client(decode)
@@ -91,3 +106,22 @@ async def test_min_remote_tokens_flag_overrides_the_decider(cluster, model):
     res = await client.generate(prompt_of(10, seed=6))  # the decider would keep it here
     assert res.fin.timings.remote_prefill
     assert decisions(decode, "remote", "threshold") == 1
+
+
+async def test_a_decode_worker_sharing_cores_prices_and_publishes_it(cluster, model, tmp_path):
+    """Under `--pin share` (a share file with the prefill worker's slot beside its own) the
+    decode worker's policy prices what a remote prefill takes of its cores, and GetStats
+    publishes it for the gateway's prediction; alone on its cores, 0."""
+    prefill = await cluster.prefill(model, "grpc")
+    share = create_share_file(tmp_path / "cpu-share", 2)
+    cfg = decode_config(model, "grpc", prefill.address)
+    server = dataclasses.replace(cfg.server, cpu_share=f"{share}:1")
+    shared = await DecodeServer(dataclasses.replace(cfg, server=server)).start()
+    cluster.servers.append(shared)
+    alone = await cluster.decode(model, "grpc", prefill.address)
+    n = len(os.sched_getaffinity(0))
+    expected = 1 - max(1, n // 2) / n
+    assert shared.worker.ctx.pd.policy.remote_stall_fraction == pytest.approx(expected)
+    stats = await cluster.client(shared).stats()
+    assert stats.pd_policy.remote_stall_fraction == pytest.approx(expected)
+    assert (await cluster.client(alone).stats()).pd_policy.remote_stall_fraction == 0.0
