@@ -1,0 +1,82 @@
+"""What a verify step costs against a plain decode step (issue 26: "the verify-step cost vs a
+plain step recorded").
+
+    python benchmarks/spec_verify_cost.py [--model smollm2-135m] [--ks 1,2,4,8]
+        [--batches 1,4] [--prompt-tokens 500] [--new-tokens 49] [--rounds 2]
+
+For each round, batch and k (plain first, then each k; one process, fp32, the machine's
+threads): the offline engine (`baton.LLM`) prefills fresh random prompts for one token, then
+prefills fresh ones again and generates `--new-tokens` greedy tokens with ignore_eos.
+With speculation on, every decode row carries k drafted tokens that are all accepted
+(`synthetic_acceptance=(1.0,)`, the BENCHMARK ONLY mode: the drafts are filler, the cost is
+what is measured), so each step emits k + 1 tokens: steps = ceil((new − 1) / (k + 1)). A
+step's cost = (generate time − prefill-only time) / steps. Prints each point and the median
+over rounds of verify step / plain step: the break-even acceptance length on this machine is
+that ratio − 1 accepted tokens per step. Run on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import random
+import time
+from statistics import median
+
+from baton import LLM, SamplingParams
+
+
+def step_ms(llm: LLM, rng: random.Random, batch: int, length: int, new: int,
+            per_step: int) -> float:
+    """Milliseconds per decode step emitting `per_step` tokens per row."""
+    def fresh() -> list[list[int]]:
+        return [[rng.randrange(100, 20000) for _ in range(length)] for _ in range(batch)]
+    t0 = time.perf_counter()
+    llm.generate(fresh(), SamplingParams(max_tokens=1, temperature=0.0))
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    llm.generate(fresh(), SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
+    total_s = time.perf_counter() - t0
+    return (total_s - prefill_s) / math.ceil((new - 1) / per_step) * 1e3
+
+
+def engine(model: str, k: int) -> LLM:
+    spec = None if k == 0 else {"method": "suffix", "num_speculative_tokens": k,
+                                "synthetic_acceptance": (1.0,)}
+    return LLM(model, dtype="float32", kv_cache_memory_bytes=1 << 30, speculative_config=spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--ks", default="1,2,4,8")
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--prompt-tokens", type=int, default=500)
+    ap.add_argument("--new-tokens", type=int, default=49)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    ks = [0] + [int(k) for k in a.ks.split(",")]
+    batches = [int(b) for b in a.batches.split(",")]
+    print(f"load {os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cpus")
+    rng = random.Random(0)
+    seen: dict[tuple[int, int], list[float]] = {}
+    for _ in range(a.rounds):
+        for k in ks:
+            llm = engine(a.model, k)
+            for b in batches:
+                ms = step_ms(llm, rng, b, a.prompt_tokens, a.new_tokens, k + 1)
+                seen.setdefault((b, k), []).append(ms)
+                print(f"batch {b} k {k}: {ms:.1f} ms per step", flush=True)
+            del llm
+            gc.collect()
+    for b in batches:
+        plain = median(seen[(b, 0)])
+        for k in ks[1:]:
+            x = median(seen[(b, k)]) / plain
+            print(f"batch {b}: k={k} verify step {median(seen[(b, k)]):.1f} ms = {x:.2f}x a "
+                  f"plain step ({plain:.1f} ms); break-even {x - 1:.2f} accepted per step")
+
+
+if __name__ == "__main__":
+    main()
