@@ -24,7 +24,7 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
                them on cores they share (`baton up --pin share`: both busy, each worker
                steps with half the cores, cpu_share.py); 0 on the prefill worker's own cores
     on shared cores (remote_stall_fraction > 0) the local and remote prefill rates are one,
-    the higher of the two measured (`shared_rates`): the two paths run on the same cores
+    the higher of the two measured (`path_rates`): the two paths run on the same cores
 
     rules, in order:
       min_remote_tokens given (--min-remote-tokens)
@@ -59,11 +59,12 @@ queue is long.
 The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
 so the gateway predicts with the budgets decode really uses.
 
-Why shared cores change the rule (measured on a 2-vCPU AMD EPYC, fp32 SmolLM2-135M, offline
-engine): two threads prefill 590 tokens/s and one 330; a batch-4 decode step takes 41 ms
-on two threads and 66 ms on one. A remote prefill beside a busy decode on the same two cores
-so takes 1.8x as long as a local one (the request's TTFT) and still slows every running
-sequence by 0.375 of its compute time, against a local prefill's whole compute time: it buys
+Why shared cores change the rule (a 2-vCPU AMD EPYC, fp32 SmolLM2-135M, the offline engine,
+`python benchmarks/thread_scaling.py --rounds 3`, medians): two threads prefill 534 tokens/s
+and one 303; a batch-4 decode step takes 50 ms on two threads and 79 ms on one. A remote
+prefill beside a busy decode on the same two cores so takes 1.76x as long as a local one (the
+request's TTFT) and still slows every running sequence by 0.36 of its compute time, against a
+local prefill's whole compute time: it buys
 the batch little and costs the request most. The AgentX harness (c=4, mooncake slice) showed
 it: the default cluster, sending every such prompt remote ("itl_budget"), had TTFT p90
 2,094 ms against colocated's 628 at the same ITL p90 (BENCHMARKS.md, issue 28).
@@ -71,7 +72,7 @@ it: the default cluster, sending every such prompt remote ("itl_budget"), had TT
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 # Priors until the first measurements land: a few thousand prompt tokens/s per side (a 135M
@@ -161,36 +162,33 @@ class PDDecision:
 def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
     """The estimate of the module docstring for one request."""
     uncached = max(0, s.num_prompt_tokens - s.num_cached_tokens)
-    if p.remote_stall_fraction > 0:  # shared cores: one rate for both paths
-        r = shared_rates(r)
-    stall = uncached / r.local_tokens_per_s
-    local = (s.decode_waiting_tokens + uncached) / r.local_tokens_per_s
+    local_rate, rate = path_rates(r.local_tokens_per_s, r.remote_tokens_per_s,
+                                  s.decode_running, p)
+    stall = uncached / local_rate
+    local = (s.decode_waiting_tokens + uncached) / local_rate
     held = s.num_cached_tokens // s.block_size
     written = math.ceil(s.num_prompt_tokens / s.block_size) - held  # into decode's blocks
     read = held  # decode's hit, read by the prefill worker where it lacks it (at worst all)
-    rate = remote_rate(r.remote_tokens_per_s, s.decode_running, p)
     remote = (s.prefill_waiting_tokens + uncached) / rate \
         + (written + read) * s.block_bytes / r.transfer_bytes_per_s + p.remote_overhead_s
     remote_stall = p.remote_stall_fraction * uncached / rate
     return PDCosts(uncached, stall, local, remote, remote_stall)
 
 
-def shared_rates(r: PDRates) -> PDRates:
-    """Both paths at the higher of the two measured prefill rates: on cores the workers
-    share, a local and a remote prefill run on the same cores, and each measured rate
-    undercounts them (decode's steps carry its decode rows, a rate learned from whole
-    requests their fixed costs), so a gap between the two is measurement, not hardware."""
-    best = max(r.local_tokens_per_s, r.remote_tokens_per_s)
-    return replace(r, local_tokens_per_s=best, remote_tokens_per_s=best)
-
-
-def remote_rate(measured: float, decode_running: int, p: PDPolicy) -> float:
-    """The prefill worker's rate for a request now: `measured` (tokens/s), less the share
-    of the cores a busy decode worker keeps when the two share them (remote_stall_fraction;
-    a remote prefill beside a busy decode on two shared cores runs on one)."""
-    if decode_running > 0:
-        return measured * max(1e-3, 1.0 - p.remote_stall_fraction)
-    return measured
+def path_rates(local: float, remote: float, decode_running: int,
+               p: PDPolicy) -> tuple[float, float]:
+    """(local, remote) prefill tokens/s to price the two paths with now, from the measured
+    ones. On cores the workers share (remote_stall_fraction > 0) both are the higher of the
+    two: the paths run on the same cores, and each measured rate undercounts them (decode's
+    steps carry its decode rows, a rate learned from whole requests their fixed costs), so a
+    gap between them is measurement, not hardware. The remote one then loses the share of
+    the cores a busy decode keeps (a remote prefill beside a busy decode on two shared cores
+    runs on one). With no share, the measured rates unchanged."""
+    f = p.remote_stall_fraction
+    if f <= 0:
+        return local, remote
+    best = max(local, remote)
+    return best, best * max(1e-3, 1.0 - f) if decode_running > 0 else best
 
 
 def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:

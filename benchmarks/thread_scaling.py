@@ -4,13 +4,13 @@ pricing, baton/pd_cost.py; issue 28).
     python benchmarks/thread_scaling.py [--model smollm2-135m] [--prompt-tokens 500]
         [--new-tokens 64] [--rounds 2]
 
-For each round, threads 2 then 1 (alternating, one process), batch 1 and 4: the offline engine
-(`baton.LLM`, fp32) prefills fresh random prompts for one token (prompt tokens/s), then
-prefills fresh ones again and decodes `--new-tokens` (ms per decode step = (that time − the
-prefill-only time) / (new tokens − 1)). Greedy, ignore_eos. Prints one line per point and the
-two ratios the cost model uses (medians over the rounds): prefill rate on all threads over
-half of them, and the decode step on half over all (the fraction of its rate a decode worker loses to a busy neighbour =
-1 − all/one). Run on a quiet machine.
+For each round, all the cores' threads then half of them (alternating, one process), batch
+1 and 4: the offline engine (`baton.LLM`, fp32) prefills fresh random prompts for one token
+(prompt tokens/s), then prefills fresh ones again and decodes `--new-tokens` (ms per decode
+step = (that time − the prefill-only time) / (new tokens − 1)). Greedy, ignore_eos. Prints
+one line per point and the two ratios the cost model uses (medians over the rounds): prefill
+rate on all threads over half of them, and the decode step on half over all (the fraction of
+its rate a decode worker loses to a busy neighbour = 1 − all/half). Run on a quiet machine.
 """
 from __future__ import annotations
 

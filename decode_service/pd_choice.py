@@ -26,7 +26,8 @@ thread), as the gateway's SLO admission uses them; the rates learned here from w
 requests (pd_rates.py) stand in until a worker has measured one. Why: a whole request's
 time holds its fixed costs (scheduling, the first decode step, the call), so short prompts
 read as a slow rate; measured that way on the AgentX mooncake slice both paths read ~190
-tokens/s against ~590 per step, and the cost model chose wrongly between them.
+tokens/s, where the offline engine prefills ~530 on the same two cores
+(benchmarks/thread_scaling.py), and the cost model chose wrongly between them.
 """
 from __future__ import annotations
 

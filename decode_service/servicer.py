@@ -31,7 +31,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServiceServicer):
             itl_budget_ms=c.local_prefill_itl_budget_ms,
             idle_budget_ms=c.local_prefill_idle_budget_ms,
             min_remote_tokens=c.min_remote_tokens or 0,
-            remote_stall_fraction=worker.pd_policy.remote_stall_fraction)
+            remote_stall_fraction=worker.ctx.pd.policy.remote_stall_fraction)
         settings = common_pb2.WorkerStats(
             prefill_target_tokens=c.engine.scheduler.prefill_target_tokens, pd_policy=policy)
         self.stats = StatsRpc(worker.ae, common_pb2.WORKER_ROLE_DECODE, worker_id, layout,

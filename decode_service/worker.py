@@ -54,7 +54,6 @@ class DecodeWorker:
         pd = PDChooser(peers, metrics, config.local_prefill_itl_budget_ms / 1e3,
                        config.abort_timeout_seconds, config.local_prefill_idle_budget_ms / 1e3,
                        remote_stall_fraction=share.shared_fraction() if share else 0.0)
-        self.pd_policy = pd.policy
         self.ctx = DecodeContext(config, receiver, peers, metrics, self.tasks.spawn, pd)
         self.jobs: dict[str, Job] = {}
         self.accepting = True

@@ -18,8 +18,9 @@ join, instead of being prefilled (using prefill and transfer capacity) and then 
       rate     = the worker's prefill_tokens_per_s (WorkerStats: measured per step on the
                  worker, prefill_rate.py), PRIOR_TOKENS_PER_S until it has one
       TTFT(path) ≈ (ahead + u) / rate;  idle(path) = u / rate
-      (on cores the two workers share, both at the higher of their rates, the prefill
-      worker's × (1 − remote_stall_fraction) while decode runs sequences: pd_cost.py)
+      (rates as decode's cost model takes them: pd_cost.path_rates; on cores the two
+      workers share, both the higher, the prefill worker's × (1 − remote_stall_fraction)
+      while decode runs sequences)
     TTFT = the path the decode worker's P/D cost model (baton/pd_cost.py `choose`) takes,
       with the policy that worker publishes in WorkerStats (its ITL and idle budgets, or its
       fixed --min-remote-tokens): its rules on these predictions (stall = idle(decode),
@@ -51,7 +52,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from baton.pd_cost import PDCosts, PDPolicy, choose, remote_rate
+from baton.pd_cost import PDCosts, PDPolicy, choose, path_rates
 from gateway.errors import GatewayError
 
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
@@ -130,10 +131,8 @@ class SLOAdmission:
         if len(preds) < 2:
             return preds[0]
         local, remote, p = preds[0], preds[1], decode.policy
-        if p.remote_stall_fraction > 0:  # shared cores: one rate (pd_cost.shared_rates)
-            best = max(local.rate, remote.rate)
-            local, remote = _at(local, best, uncached), _at(remote, best, uncached)
-        remote = _at(remote, remote_rate(remote.rate, decode.num_running, p), uncached)
+        local_rate, remote_rate = path_rates(local.rate, remote.rate, decode.num_running, p)
+        local, remote = _at(local, local_rate, uncached), _at(remote, remote_rate, uncached)
         go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds,
                                       remote.seconds,
                                       p.remote_stall_fraction * remote.idle_seconds),

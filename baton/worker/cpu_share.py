@@ -88,9 +88,9 @@ class CpuShare:
     def shared_fraction(self) -> float:
         """The share of this worker's cores another busy worker takes: 1 − (cpus // 2) /
         cpus, 0 when no other worker shares the file. An upper bound of the step rate lost
-        (decode scales below linearly in threads: a batch-4 step of SmolLM2-135M took 41 ms
-        on two threads and 66 on one here, 0.375 lost): the P/D cost model's
-        `remote_stall_fraction` (baton/pd_cost.py)."""
+        (decode scales below linearly in threads: a batch-4 step of SmolLM2-135M took 50 ms
+        on two threads and 79 on one, 0.36 lost: benchmarks/thread_scaling.py): the P/D
+        cost model's `remote_stall_fraction` (baton/pd_cost.py)."""
         if len(self._mm) < 2:
             return 0.0
         return 1.0 - max(1, self.cpus // 2) / self.cpus

@@ -135,7 +135,13 @@ def test_the_remote_path_is_priced_with_the_rate_the_peer_measures_per_step():
     at = time.monotonic()
     peers._loads["p:1"] = PeerLoad(at, 0, 0, 0, 0, 0.0, 7, prefill_tokens_per_s=0.0)
     assert pd.rates(peer).remote_tokens_per_s == PRIOR_PREFILL_TOKENS_PER_S
-    peers._loads["p:1"] = PeerLoad(at - 0.25, 0, 1, 1000, 0, 0.0, 7, prefill_tokens_per_s=400.0)
+    answered = time.monotonic() - 0.25  # an answer 0.25 s old (fresh: < STATS_MAX_AGE_S)
+    peers._loads["p:1"] = PeerLoad(answered, 0, 1, 1000, 0, 0.0, 7, prefill_tokens_per_s=400.0)
+    before = time.monotonic()
     req = pd.request(peer, None)
+    after = time.monotonic()
     assert req.rates.remote_tokens_per_s == 400.0
-    assert 880 <= req.prefill_waiting_tokens <= 900  # 1000 less ~0.25 s at 400 tokens/s
+    # 1000 less its age at 400 tokens/s, the age read between `before` and `after`
+    assert int(1000 - (after - answered) * 400) <= req.prefill_waiting_tokens \
+        <= int(1000 - (before - answered) * 400)
+    assert req.prefill_waiting_tokens <= 900
