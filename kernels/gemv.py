@@ -1,6 +1,6 @@
 """Small-batch fp32 / bf16 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
 
-    x [B, in], B <= 16 (decode rows)          w [out, in], contiguous (laid out once at load)
+    x [B, in], B <= max_rows() (decode rows)         w [out, in], contiguous (laid out once at load)
     y [B, out] = x @ w.T                      each y[b, o] = one contiguous dot product over w[o]
     fp32: x, w, y fp32                        bf16: x, w, y bf16, fp32 sums, y rounded once
 
@@ -38,7 +38,12 @@ from pathlib import Path
 
 import torch
 
-MAX_ROWS = 16  # above this the step is a prefill: torch's GEMM is at parity there
+MAX_ROWS = 16  # rows the AVX-512 kernel takes (issue 17's Intel VM; above: torch's GEMM)
+# AVX2 (no AVX-512): the native kernel beats torch's GEMM up to 64 rows here (AMD EPYC: fp32
+# SmolLM2-135M's 121 matrices, 20 rows 57.6 vs 95.6 ms, 36 rows 97 vs 132, 64 rows 162 vs 180,
+# 96 rows 236 vs 218; `python benchmarks/gemv_rows.py`), so speculative verify
+# steps and short prefill chunks stay on it
+MAX_ROWS_AVX2 = 64
 ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AVX512_BF16 = 0, 1, 2, 3, 4
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -52,6 +57,7 @@ _HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False
+_max_rows: int | None = None
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -175,11 +181,21 @@ def gemv_native(x: torch.Tensor, w: torch.Tensor, isa: int = ISA_BEST) -> torch.
     return _run(ext, x, w, isa)
 
 
+def max_rows() -> int:
+    """Most rows of x the native kernel takes on this CPU (`MAX_ROWS` with AVX-512,
+    `MAX_ROWS_AVX2` without); 0 when the extension is unavailable."""
+    global _max_rows
+    if _max_rows is None:
+        ext = _load()
+        _max_rows = 0 if ext is None else (MAX_ROWS if ext.has_avx512() else MAX_ROWS_AVX2)
+    return _max_rows
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [B, in] @ w [out, in].T → [B, out]: the native kernel for fp32 or bf16 CPU x with
-    B <= MAX_ROWS when it is available, torch's matmul otherwise (prefill, other dtypes, CUDA,
-    no build)."""
-    if (x.dtype in _NATIVE_DTYPES and x.dtype == w.dtype and x.shape[0] <= MAX_ROWS
-            and not x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and _load() is not None):
+    B <= max_rows() when it is available, torch's matmul otherwise (prefill, other dtypes,
+    CUDA, no build)."""
+    if (x.dtype in _NATIVE_DTYPES and x.dtype == w.dtype and not x.is_cuda and x.dim() == 2
+            and x.stride(1) == 1 and _load() is not None and x.shape[0] <= max_rows()):
         return _run(_ext, x, w, ISA_BEST)
     return gemv_ref(x, w)

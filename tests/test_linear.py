@@ -20,7 +20,7 @@ def _rand(*shape: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("native,split", STORAGES)
-@pytest.mark.parametrize("rows", [1, 3, 16, 20])  # 20 > MAX_ROWS: the prefill GEMM path
+@pytest.mark.parametrize("rows", [1, 3, 16, 20, 65])  # 65 > max_rows(): the prefill GEMM path
 def test_every_storage_is_x_times_w_transposed(native: bool, split: bool, rows: int) -> None:
     w, x = _rand(7, 45, seed=1), _rand(rows, 45, seed=2)  # odd out: a padded split half
     lin = Linear(w, native, split)

@@ -98,8 +98,9 @@ def test_strided_rows_of_x() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dispatch_native_up_to_max_rows_torch_above(dtype: torch.dtype) -> None:
     w = _rand(33, 40, seed=5).to(dtype)
-    small = _rand(g.MAX_ROWS, 40, seed=6).to(dtype)
-    big = _rand(g.MAX_ROWS + 1, 40, seed=7).to(dtype)
+    assert g.max_rows() == (g.MAX_ROWS if g._load().has_avx512() else g.MAX_ROWS_AVX2)
+    small = _rand(g.max_rows(), 40, seed=6).to(dtype)
+    big = _rand(g.max_rows() + 1, 40, seed=7).to(dtype)
     assert torch.equal(g.gemv(small, w), g.gemv_native(small, w))
     assert torch.equal(g.gemv(big, w), g.gemv_ref(big, w))
     half = small.double()  # other dtypes take torch's path
@@ -139,6 +140,7 @@ def test_a_built_library_is_imported_without_the_builder(monkeypatch, tmp_path) 
 def test_failed_build_falls_back_to_torch(monkeypatch, caplog) -> None:
     monkeypatch.setattr(g, "_ext", None)
     monkeypatch.setattr(g, "_tried", False)
+    monkeypatch.setattr(g, "_max_rows", None)
     monkeypatch.setattr(g, "_import_built", lambda folder: None)  # as on a fresh machine
     monkeypatch.setattr(g, "_ninja_on_path", lambda: False)
     x, w = _rand(1, 12, seed=12), _rand(5, 12, seed=13)

@@ -1,0 +1,74 @@
+"""Where the native GEMV stops beating torch's GEMM as a step's token rows grow (kernels/gemv.py's
+`MAX_ROWS` / `MAX_ROWS_AVX2`: speculative verify steps carry 1 + k rows per sequence, short
+prefill chunks a few dozen).
+
+    python benchmarks/gemv_rows.py [--model smollm2-135m] [--rows 1,4,8,16,20,36,64,96,128]
+        [--rounds 3] [--threads N]
+
+Every matrix of the model's decoder (qkv, o, gate_up, down per layer, then lm_head; shapes
+from the model folder's config.json, random fp32 values: only the time is measured) is
+multiplied by one x of B rows, native (`gemv_native`, w [out, in]) then torch (`x @ w.t()`,
+what `gemv` falls back to), alternating per round; prints the best time of each over the
+rounds and torch / native (> 1: native is faster). The weights (~540 MB for SmolLM2-135M)
+exceed the caches, so each product streams its matrix from DRAM as in a real step. Run on a
+quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from baton.models.registry import resolve_model
+from kernels import gemv as g
+
+
+def matrices(model: str) -> list[torch.Tensor]:
+    """The decoder's (out, in) fp32 matrices in step order, random values."""
+    cfg = json.loads((resolve_model(model) / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    d = cfg.get("head_dim", h // cfg["num_attention_heads"])
+    qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * d
+    layer = [(qkv, h), (h, cfg["num_attention_heads"] * d), (2 * inter, h), (h, inter)]
+    shapes = layer * cfg["num_hidden_layers"] + [(cfg["vocab_size"], h)]
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(o, i, generator=gen) for o, i in shapes]
+
+
+def one_pass_ms(ws: list[torch.Tensor], rows: int, native: bool) -> float:
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in ws}
+    t0 = time.perf_counter()
+    for w in ws:
+        x = xs[w.shape[1]]
+        g.gemv_native(x, w) if native else x @ w.t()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--rows", default="1,4,8,16,20,36,64,96,128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if not g.gemv_available():
+        raise SystemExit("the native GEMV did not build here: nothing to compare")
+    ws = matrices(a.model)
+    print(f"threads {torch.get_num_threads()}, {sum(w.numel() for w in ws) * 4 / 1e6:.0f} MB "
+          f"of weights, max_rows() here = {g.max_rows()}")
+    for rows in (int(r) for r in a.rows.split(",")):
+        one_pass_ms(ws[:2], rows, True), one_pass_ms(ws[:2], rows, False)  # warm both paths
+        nat, ref = [], []
+        for _ in range(a.rounds):
+            nat.append(one_pass_ms(ws, rows, True))
+            ref.append(one_pass_ms(ws, rows, False))
+        print(f"rows {rows:4d}  native {min(nat):7.1f} ms  torch {min(ref):7.1f} ms  "
+              f"torch/native {min(ref) / min(nat):5.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
