@@ -218,6 +218,9 @@ class SpeculativeConfig:
     max_match_tokens: longest suffix compared when matching (suffix trees' depth; ngram:
     vLLM's prompt_lookup_max). min_match_tokens: shortest match that drafts (prompt_lookup_min).
     max_spec_factor: a suffix draft is at most this × its match length (ArcticInference).
+    step_budget: each step verifies only the drafted tokens whose expected gain pays for
+    their measured cost (spec/budget.py, SmartSpec's goodput rule); False verifies every
+    draft (up to num_speculative_tokens a row).
     session_cache_tokens / recent_cache_tokens: tokens kept for sessions' next turns / of
     recently finished outputs (memory: about 50 bytes a token).
     synthetic_acceptance: BENCHMARK ONLY, outputs are not the model's: draft position i is
@@ -236,6 +239,9 @@ class SpeculativeConfig:
     min_match_tokens: int = flag(3, "shortest match of the recent tokens that drafts anything",
                                  name="--speculative-min-match-tokens")
     max_spec_factor: float = 1.0
+    step_budget: bool = flag(True, "verify, per step, only the drafted tokens worth their "
+                                   "measured cost (goodput: spec/budget.py); off: every draft",
+                             name="--speculative-step-budget")
     session_cache_tokens: int = 1 << 20
     recent_cache_tokens: int = 1 << 16
     synthetic_acceptance: tuple[float, ...] = flag(

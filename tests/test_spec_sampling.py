@@ -93,7 +93,8 @@ def test_tiny_model_distribution_with_and_without_speculation(peaked_llama):
     prompt = base + greedy.output_token_ids
     p = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
     runs = {}
-    for name, spec in (("off", None), ("on", {"method": "suffix"}),
+    # every draft verified (no step budget): the rule under test must see many drafts
+    for name, spec in (("off", None), ("on", {"method": "suffix", "step_budget": False}),
                        ("wrong", {"method": "suffix", "synthetic_acceptance": (1.0,)})):
         llm = LLM(str(peaked_llama), num_blocks=1200, block_size=4, seed=1,
                   speculative_config=spec)

@@ -251,17 +251,23 @@ class LLMEngine:
         if not scheduled:
             return []
         rows, sampled = self.runner.execute(scheduled)
-        prompt_tokens = 0
+        prompt_tokens = decode_rows = drafted = 0
         for s in scheduled:
             req = s.request
             if req.num_tokens - req.num_computed_tokens > 1:  # a prefill row (a preempted
                 prompt_tokens += s.num_new_tokens             # one's recompute included)
+            else:
+                decode_rows += 1
+                drafted += len(s.spec_token_ids)
             if s.spec_token_ids:
                 continue  # a verified row: advanced by its accepted tokens (_accept_verified)
             req.num_computed_tokens += s.num_new_tokens
             self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
         outputs = self._process_samples(rows, sampled) if sampled is not None else []
-        self.prefill_rate.observe(prompt_tokens, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.prefill_rate.observe(prompt_tokens, seconds)
+        if self.spec is not None:
+            self.spec.observe_step(decode_rows, drafted, prompt_tokens, seconds)
         return outputs
 
     def _process_samples(self, rows: list[ScheduledRequest],
