@@ -5,12 +5,13 @@ plain step recorded").
         [--batches 1,4] [--prompt-tokens 500] [--new-tokens 49] [--rounds 2]
 
 For each round, batch and k (plain first, then each k; one process, fp32, the machine's
-threads): the offline engine (`baton.LLM`) prefills fresh random prompts for one token, then
-prefills fresh ones again and generates `--new-tokens` greedy tokens with ignore_eos.
-With speculation on, every decode row carries k drafted tokens that are all accepted
-(`synthetic_acceptance=(1.0,)`, the BENCHMARK ONLY mode: the drafts are filler, the cost is
-what is measured), so each step emits k + 1 tokens: steps = ceil((new − 1) / (k + 1)). A
-step's cost = (generate time − prefill-only time) / steps. Prints each point and the median
+threads): the offline engine (`baton.LLM`) prefills `batch` fresh random prompts of
+`--prompt-tokens`, then times its decode steps one by one (the median over about
+`--new-tokens` / (k + 1) steps). With speculation on, every decode row carries k drafted
+tokens that are all accepted (`synthetic_acceptance=(1.0,)`, the BENCHMARK ONLY mode: the
+drafts are filler, the cost is what is measured; the step budget is off in that mode), so
+each step emits k + 1 tokens. (A first version took (generate − prefill-only time) / steps,
+which long prompts made meaningless: the prefill dominated.) Prints each point and the median
 over rounds of verify step / plain step: the break-even acceptance length on this machine is
 that ratio − 1 accepted tokens per step. Run on a quiet machine.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import random
 import time
@@ -29,16 +29,27 @@ from baton import LLM, SamplingParams
 
 def step_ms(llm: LLM, rng: random.Random, batch: int, length: int, new: int,
             per_step: int) -> float:
-    """Milliseconds per decode step emitting `per_step` tokens per row."""
-    def fresh() -> list[list[int]]:
-        return [[rng.randrange(100, 20000) for _ in range(length)] for _ in range(batch)]
-    t0 = time.perf_counter()
-    llm.generate(fresh(), SamplingParams(max_tokens=1, temperature=0.0))
-    prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    llm.generate(fresh(), SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
-    total_s = time.perf_counter() - t0
-    return (total_s - prefill_s) / math.ceil((new - 1) / per_step) * 1e3
+    """Median milliseconds of a decode step emitting `per_step` tokens per row: `batch` fresh
+    random prompts are prefilled, then `new // per_step` decode-only steps are timed one by
+    one (engine.step(); drafting, forward, verification and bookkeeping included)."""
+    eng = llm.engine
+    params = SamplingParams(max_tokens=(new // per_step + 2) * per_step, temperature=0.0,
+                            ignore_eos=True)
+    for _ in range(batch):
+        eng.add_request(f"r{rng.random()}", [rng.randrange(100, 20000) for _ in range(length)],
+                        params)
+    sched = eng.scheduler
+    while sum(r.num_tokens - r.num_computed_tokens == 1 for r in sched.running) < batch:
+        eng.step()  # prefill (chunked) until every row decodes
+    eng.step()
+    times = []
+    for _ in range(max(2, new // per_step)):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    while eng.has_unfinished_requests():
+        eng.step()
+    return median(times) * 1e3
 
 
 def engine(model: str, k: int) -> LLM:
