@@ -1,6 +1,6 @@
 """Small-batch fp32 / bf16 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
 
-    x [B, in], B <= max_rows() (decode rows)         w [out, in], contiguous (laid out once at load)
+    x [B, in], B <= max_rows() (16 or 64)     w [out, in], contiguous (laid out once at load)
     y [B, out] = x @ w.T                      each y[b, o] = one contiguous dot product over w[o]
     fp32: x, w, y fp32                        bf16: x, w, y bf16, fp32 sums, y rounded once
 
@@ -39,10 +39,11 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 16  # rows the AVX-512 kernel takes (issue 17's Intel VM; above: torch's GEMM)
-# AVX2 (no AVX-512): the native kernel beats torch's GEMM up to 64 rows here (AMD EPYC: fp32
-# SmolLM2-135M's 121 matrices, 20 rows 57.6 vs 95.6 ms, 36 rows 97 vs 132, 64 rows 162 vs 180,
-# 96 rows 236 vs 218; `python benchmarks/gemv_rows.py`), so speculative verify
-# steps and short prefill chunks stay on it
+# AVX2 (no AVX-512): the native kernel beats torch's GEMM up to ~96 rows (AMD EPYC, fp32
+# SmolLM2-135M's 121 matrices, `python benchmarks/gemv_rows.py`, quiet, best of 3: 20 rows
+# 59.4 vs 111.5 ms, 36 rows 101.9 vs 159.4, 64 rows 177.7 vs 204.5, 96 rows 281.9 vs 296.8,
+# 128 rows 352.3 vs 326.3), so speculative verify steps and short prefill chunks stay on it;
+# bf16 on such CPUs (torch's bf16 GEMM is slow there) takes the same limit, unmeasured
 MAX_ROWS_AVX2 = 64
 ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AVX512_BF16 = 0, 1, 2, 3, 4
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)

@@ -27,9 +27,9 @@ used): a plain step time per batch size (EWMA) and, per (batch size, drafted tok
 ratio of a verify step to it (EWMA; the first sample replaces the prior). Before a point is
 measured its ratio is the prior 1 + PRIOR_PER_TOKEN · drafted (· PRIOR_ROWS / rows above
 PRIOR_ROWS rows, where a step is compute-bound and its own cost grows with the rows), or the
-largest ratio measured
-for fewer drafted tokens at that batch size if that is more (optimistic either way, so it gets
-tried and measured). Acceptance: per request, accepted / tried positions with a prior of
+largest ratio measured for fewer drafted tokens at that batch size if that is more
+(optimistic either way, so it gets tried and measured). Ratios of a batch size are learned
+once one of its plain steps was timed. Acceptance: per request, accepted / tried positions with a prior of
 PRIOR_WEIGHT positions at the engine-wide rate; a request whose drafts were all cut decays
 towards that (DECAY per step), and the engine-wide rate towards PRIOR_RATE in steps that
 verify nothing, so text that turns repetitive later is drafted again.
