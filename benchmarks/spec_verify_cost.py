@@ -33,13 +33,17 @@ def step_ms(llm: LLM, rng: random.Random, batch: int, length: int, new: int,
     random prompts are prefilled, then `new // per_step` decode-only steps are timed one by
     one (engine.step(); drafting, forward, verification and bookkeeping included)."""
     eng = llm.engine
-    params = SamplingParams(max_tokens=(new // per_step + 2) * per_step, temperature=0.0,
-                            ignore_eos=True)
+    # room for the decode steps rows take while the others still prefill (chunked), so every
+    # row is still running when they all decode
+    params = SamplingParams(max_tokens=(new // per_step + 2) * per_step + batch * length // 16,
+                            temperature=0.0, ignore_eos=True)
     for _ in range(batch):
         eng.add_request(f"r{rng.random()}", [rng.randrange(100, 20000) for _ in range(length)],
                         params)
     sched = eng.scheduler
     while sum(r.num_tokens - r.num_computed_tokens == 1 for r in sched.running) < batch:
+        if not eng.has_unfinished_requests():
+            raise RuntimeError("a row finished before every row decoded: raise max_tokens")
         eng.step()  # prefill (chunked) until every row decodes
     eng.step()
     times = []

@@ -12,8 +12,8 @@ Language Models Using Goodput", arXiv 2406.14066, its greedy proposal-length cho
 
 Why: a verify step's cost depends on the machine, the batch and the context. On the AMD EPYC
 of issue 26 (fp32 SmolLM2-135M, batch 1) 8 drafted tokens cost 1.5 plain steps at a 500-token
-context but 1.95 at 3,000, where 2 cost 1.2 (`benchmarks/spec_verify_cost.py`); at batch 4, 8
-per row cost 4 plain steps. A fixed cap of 8 per row lost most of the gain on τ-bench, whose
+context but 1.95 at 3,000, where 2 cost 1.2 (BENCHMARKS.md, "Again with a per-step draft
+budget"); at batch 4 and 500 tokens, 8 per row cost 4 plain steps. A fixed cap of 8 per row lost most of the gain on τ-bench, whose
 contexts are 2.5–4k tokens and whose drafts are accepted ~60 % of the time.
 
 Model. A row drafting j tokens with conditional acceptance α emits 1 + α + α² + ... + α^j
