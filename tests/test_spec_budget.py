@@ -101,7 +101,8 @@ def test_the_engine_measures_its_steps_and_cuts_drafts_that_cost_too_much(tiny_l
     _, off = run(None)
     llm, on = run({"method": "suffix"})
     assert on == off and llm.engine.spec.costs.plain_s  # decode-only steps were measured
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, drafted: 1.0 + 100.0 * drafted)
+    monkeypatch.setattr(StepCosts, "curve",
+                        lambda self, rows, n: [1.0 + 100.0 * d for d in range(n + 1)])
     llm, on = run({"method": "suffix"})
     assert on == off and llm.engine.scheduler.totals.spec_drafts == 0
     llm, on = run({"method": "suffix", "step_budget": False})

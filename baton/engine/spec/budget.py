@@ -69,17 +69,22 @@ class StepCosts:
             k = (key, drafted)
             self.ratios[k] = _ewma(self.ratios.get(k), seconds / self.plain_s[key])
 
+    def curve(self, rows: int, max_drafted: int) -> list[float]:
+        """ratio(rows, d) for d = 0..max_drafted, in one pass (the budget's per-step call)."""
+        key, share = min(rows, MAX_ROWS_KEY), min(1.0, PRIOR_ROWS / rows)
+        out, measured_max = [1.0], 0.0
+        for d in range(1, max_drafted + 1):
+            got = self.ratios.get((key, d))
+            if got is None:
+                got = max(1.0 + PRIOR_PER_TOKEN * d * share, measured_max)
+            else:
+                measured_max = max(measured_max, got)
+            out.append(got)
+        return out
+
     def ratio(self, rows: int, drafted: int) -> float:
         """Time of a step of `rows` rows with `drafted` drafted tokens over a plain one (≥ 0)."""
-        if drafted <= 0:
-            return 1.0
-        key = min(rows, MAX_ROWS_KEY)
-        got = self.ratios.get((key, drafted))
-        if got is not None:
-            return got
-        below = [r for (k, d), r in self.ratios.items() if k == key and d < drafted]
-        prior = 1.0 + PRIOR_PER_TOKEN * drafted * min(1.0, PRIOR_ROWS / rows)
-        return max([prior, *below])
+        return self.curve(rows, max(drafted, 0))[max(drafted, 0)]
 
 
 @dataclass
@@ -133,10 +138,11 @@ def choose(num_rows: int, proposals: list[tuple[float, int]], costs: StepCosts) 
     least one token). Returns one length per proposal, each ≤ its drafted tokens."""
     cand = sorted(((a ** (j + 1), i) for i, (a, n) in enumerate(proposals) for j in range(n)),
                   key=lambda c: -c[0])
+    ratio = costs.curve(num_rows, len(cand))
     best, best_n, tokens = float(num_rows), 0, float(num_rows)
     for n, (gain, _) in enumerate(cand, 1):
         tokens += gain
-        value = tokens / costs.ratio(num_rows, n)
+        value = tokens / ratio[n]
         if value > best:
             best, best_n = value, n
     lengths = [0] * len(proposals)
