@@ -2,15 +2,37 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from baton.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from baton.engine.llm_engine import LLMEngine
 from baton.outputs import CompletionOutput, RequestOutput
 from baton.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Mapping[str, Any]
+
+
+def _prompt_ids(prompt: Prompt, tokenizer) -> tuple[str | None, list[int]]:
+    """(text, token ids) of one prompt: a string, a sequence of token ids, or vLLM's prompt
+    dicts, `{"prompt": text}` (TextPrompt) and `{"prompt_token_ids": [...]}` (TokensPrompt).
+    Raises ValueError for anything else (a dict with neither key, ids that are not ints)."""
+    if isinstance(prompt, Mapping):
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        elif "prompt" in prompt:
+            prompt = prompt["prompt"]
+        else:
+            raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids', got "
+                             f"keys {sorted(prompt)}")
+    if isinstance(prompt, str):
+        return prompt, tokenizer.encode(prompt)
+    ids = list(prompt)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError("prompt token ids must be ints; a prompt is a string, a list of token "
+                         "ids, {'prompt': text} or {'prompt_token_ids': ids}")
+    return None, ids
 
 
 class LLM:
@@ -60,13 +82,14 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for each prompt (text, or a list of token ids); outputs in prompt order.
+        """Generate for each prompt (text, a list of token ids, or vLLM's `{"prompt": text}` /
+        `{"prompt_token_ids": ids}` dicts); outputs in prompt order.
 
         A single prompt may be passed bare. `sampling_params` is one for all or one per
         prompt (default: SamplingParams()). Raises ValueError on a bad prompt (nothing is
         left queued).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, Mapping)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -96,8 +119,7 @@ class LLM:
         return results
 
     def _add(self, prompt: Prompt, params: SamplingParams, pending) -> RequestOutput:
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+        text, ids = _prompt_ids(prompt, self.tokenizer)
         base = str(next(self._ids))
         res = RequestOutput(base, text, ids, [], num_cached_tokens=0)
         for i in range(params.n):

@@ -110,3 +110,20 @@ def test_block_boundary_prompts(tiny_qwen3, length):
     params = SamplingParams(temperature=0.0, max_tokens=18, ignore_eos=True)  # crosses blocks
     _check(llm, tiny_qwen3, [prompt], params)
     _pool_whole(llm)
+
+
+def test_vllm_prompt_dicts(tiny_llama):
+    """vLLM's TokensPrompt / TextPrompt dicts give the same outputs as bare ids and text; a dict
+    with neither key and non-int ids are refused with ValueError and leave the pool whole."""
+    llm = LLM(str(tiny_llama), block_size=16, num_blocks=64, dtype="float32")
+    ids = _prompts(llm.engine.model.shape.vocab_size, [12])[0]
+    bare = llm.generate([ids], GREEDY)[0].output_token_ids
+    assert llm.generate({"prompt_token_ids": ids}, GREEDY)[0].output_token_ids == bare
+    assert llm.generate([{"prompt_token_ids": ids}], GREEDY)[0].output_token_ids == bare
+    text = llm.generate("hello world", GREEDY)[0].output_token_ids
+    assert llm.generate([{"prompt": "hello world"}], GREEDY)[0].output_token_ids == text
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate([{"tokens": ids}], GREEDY)
+    with pytest.raises(ValueError, match="ints"):
+        llm.generate([["a", "b"]], GREEDY)
+    _pool_whole(llm)
