@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_prefill
+
 
 class PagedAttentionPlan:
     """Per-step indices for writing K/V and attending over the paged cache on CPU.
@@ -84,29 +86,19 @@ class PagedAttentionPlan:
             elif bool((lens != n).any()):
                 self._decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
 
-        # prefill: [L, 2·ΣN] rows of each sequence's whole context, sequences back to back
-        self._prefill = []  # (q0, q1, n0, n1, mask or None for plain causal)
+        # prefill: each sequence's (q0, q1, block table, seq_len); the torch path's gather
+        # rows are derived on its first use (the native bf16 op reads the cache in place)
+        self._kv_shape = kv_cache_shape
+        self._layer_offsets = layer_offsets
+        self._prefill_seqs = []
         if prefill_seq_lens is not None and len(prefill_seq_lens):
             starts = prefill_query_start_loc.tolist()
-            all_rows, n0 = [], 0
             for s, seq_len in enumerate(prefill_seq_lens.tolist()):
-                q0, q1 = starts[s], starts[s + 1]
-                if q1 == q0:
-                    continue
-                pos = torch.arange(seq_len)
-                all_rows.append(self._table_rows(prefill_block_tables[s:s + 1],
-                                                 torch.tensor([seq_len]), pos)[0])
-                mask = None
-                if q1 - q0 != seq_len:  # SDPA's is_causal aligns top-left; ours bottom-right
-                    q_pos = torch.arange(seq_len - (q1 - q0), seq_len)
-                    mask = pos[None, :] <= q_pos[:, None]
-                self._prefill.append((q0, q1, n0, n0 + seq_len, mask))
-                n0 += seq_len
-            if all_rows:
-                rows = torch.cat(all_rows)
-                self._prefill_len = n0
-                self._prefill_rows = (torch.stack([rows, rows + block_size]).flatten()[None]
-                                      + layer_offsets).unbind()
+                if starts[s + 1] > starts[s]:
+                    self._prefill_seqs.append((starts[s], starts[s + 1],
+                                               prefill_block_tables[s], seq_len))
+        self._prefill = None  # torch path: (q0, q1, n0, n1, mask or None for plain causal)
+        self._native_prefill = None  # decided on the first prefill_attention call
 
     def _rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Layer-0 K row of each slot."""
@@ -151,13 +143,44 @@ class PagedAttentionPlan:
         out = out.view(b, hkv, g, nq, d).permute(0, 3, 1, 2, 4).reshape(b * nq, hq, d)
         return out.index_select(0, places)
 
+    def _gather_plan(self) -> None:
+        """The torch path's indices: [L, 2·ΣN] rows of each sequence's whole context,
+        sequences back to back, and each sequence's SDPA slice and mask."""
+        self._prefill, all_rows, n0 = [], [], 0
+        for q0, q1, table, seq_len in self._prefill_seqs:
+            pos = torch.arange(seq_len)
+            all_rows.append(self._table_rows(table[None], torch.tensor([seq_len]), pos)[0])
+            mask = None
+            if q1 - q0 != seq_len:  # SDPA's is_causal aligns top-left; ours bottom-right
+                q_pos = torch.arange(seq_len - (q1 - q0), seq_len)
+                mask = pos[None, :] <= q_pos[:, None]
+            self._prefill.append((q0, q1, n0, n0 + seq_len, mask))
+            n0 += seq_len
+        rows = torch.cat(all_rows)
+        self._prefill_len = n0
+        self._prefill_rows = (torch.stack([rows, rows + self._bs]).flatten()[None]
+                              + self._layer_offsets).unbind()
+
     def prefill_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
                           scale: float) -> torch.Tensor:
         """query `[Tp, Hq, D]` (packed prefill rows) → `[Tp, Hq, D]`; same math as
-        `prefill_attention_ref` (causal, aligned to each sequence's end)."""
+        `prefill_attention_ref` (causal, aligned to each sequence's end). bf16 on a CPU with
+        AVX512_BF16: `kernels.cpu_prefill`'s native op per sequence (chunking-invariant);
+        otherwise torch's SDPA over the gathered context."""
         out = torch.empty_like(query)
-        if not self._prefill:
+        if not self._prefill_seqs:
             return out
+        if self._native_prefill is None:
+            self._native_prefill = (query.dtype == torch.bfloat16 and cpu_prefill.available()
+                                    and cpu_prefill.supported(query, kv_rows.view(self._kv_shape)))
+        if self._native_prefill:  # kernels/cpu_prefill.py: in place, no gather
+            cache = kv_rows.view(self._kv_shape)
+            for q0, q1, table, seq_len in self._prefill_seqs:
+                out[q0:q1] = cpu_prefill.prefill_attention(query[q0:q1], cache, layer, table,
+                                                           seq_len, scale)
+            return out
+        if self._prefill is None:
+            self._gather_plan()
         kv = kv_rows.index_select(0, self._prefill_rows[layer]).view(
             2, self._prefill_len, self.num_kv_heads, self.head_size)
         for q0, q1, n0, n1, mask in self._prefill:

@@ -230,10 +230,17 @@ class DecoderModel:
                 meta.decode_block_tables, meta.decode_context_lens, meta.prefill_block_tables,
                 meta.prefill_query_start_loc, meta.prefill_seq_lens, meta.decode_query_start_loc)
             kv_rows = kv_cache.view(-1, s.num_kv_heads, s.head_size)
+        # bf16 on CPU with the fused ops: residual add + RMSNorm and SiLU·mul natively (the same
+        # roundings as the torch ops, rows over threads), as the decode-only step does
+        native = (self.fused_decode and self._silu and h.dtype == torch.bfloat16
+                  and not kv_cache.is_cuda)
+        if native:
+            x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
                 self.layer_hook()
-            x = _rms_norm(h, layer.input_norm, self.eps)
+            if not native:
+                x = _rms_norm(h, layer.input_norm, self.eps)
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
@@ -247,11 +254,18 @@ class DecoderModel:
                 attn = self._attention_cpu(plan, kv_rows, i, q, k, v)
             else:
                 attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
+            if native:
+                x = cpu_decode.add_rms_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm,
+                                            self.eps)
+                nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+                x = cpu_decode.add_rms_norm(h, layer.down(cpu_decode.silu_mul(layer.gate_up(x))),
+                                            nxt, self.eps)
+                continue
             h = h + layer.o(attn.view(-1, q_width))
             x = _rms_norm(h, layer.post_norm, self.eps)
             gate, up = layer.gate_up(x).chunk(2, dim=1)  # [T, I] each
             h = h + layer.down(self.act(gate) * up)
-        return _rms_norm(h, self.norm, self.eps)
+        return x if native else _rms_norm(h, self.norm, self.eps)
 
     def _forward_decode_cpu(self, input_ids: torch.Tensor, positions: torch.Tensor,
                             meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@
 // ISA: AVX-512F (exp512 of simd_exp.h) when the CPU has it, a portable scalar loop (std::exp)
 // otherwise; both give the same rms_norm bits (same per-lane order, no FMA contraction).
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
@@ -110,11 +111,44 @@ void check(const torch::Tensor& t, at::ScalarType dtype, const char* name) {
               "cpu_norm: ", name, " must be a contiguous CPU tensor of one dtype, fp32 or bf16");
 }
 
+#ifdef BATON_X86
+// One row of add_rms_norm_rows in AVX-512F: the same per-element operations (each rounding of
+// the scalar loop replayed by round16/store16), 16 elements at a time, the tail scalar.
+template <typename T>
+__attribute__((target("avx512f"))) void add_rms_norm_row_avx512(T* x, const T* r, const T* w, T* o,
+                                                               int64_t H, float eps) {
+  const int64_t full = H / 16 * 16;
+  if (r != nullptr) {
+    for (int64_t i = 0; i < full; i += 16)
+      baton::store16(x + i, _mm512_add_ps(baton::load16(x + i), baton::load16(r + i)));
+    for (int64_t i = full; i < H; ++i)
+      x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(r[i]));
+  }
+  const float rstd = 1.0f / std::sqrt(sumsq_avx512(x, H) / static_cast<float>(H) + eps);
+  const __m512 rv = _mm512_set1_ps(rstd);
+  for (int64_t i = 0; i < full; i += 16)
+    baton::store16(o + i, _mm512_mul_ps(baton::round16<T>(_mm512_mul_ps(baton::load16(x + i), rv)),
+                                        baton::load16(w + i)));
+  for (int64_t i = full; i < H; ++i) {
+    const float n = round_as<T>(static_cast<float>(x[i]) * rstd);
+    o[i] = static_cast<T>(n * static_cast<float>(w[i]));
+  }
+}
+#endif
+
 template <typename T>
 void add_rms_norm_rows(T* hp, const T* rp, const T* wp, T* op, int64_t rows, int64_t H, float eps,
                        bool simd) {
-  for (int64_t t = 0; t < rows; ++t) {
+  // rows split over threads (a prefill's rows; one row's result never depends on the split)
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  for (int64_t t = r0; t < r1; ++t) {
     T* x = hp + t * H;
+#ifdef BATON_X86
+    if (simd) {
+      add_rms_norm_row_avx512(x, rp == nullptr ? nullptr : rp + t * H, wp, op + t * H, H, eps);
+      continue;
+    }
+#endif
     if (rp != nullptr)
       for (int64_t i = 0; i < H; ++i)
         x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(rp[t * H + i]));
@@ -129,16 +163,19 @@ void add_rms_norm_rows(T* hp, const T* rp, const T* wp, T* op, int64_t rows, int
       op[t * H + i] = static_cast<T>(n * static_cast<float>(wp[i]));
     }
   }
+  });
 }
 
 template <typename T>
 void silu_mul_rows(const T* g, T* y, int64_t rows, int64_t I, bool simd) {
-  for (int64_t t = 0; t < rows; ++t) {
+  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = r0; t < r1; ++t) {
 #ifdef BATON_X86
-    if (simd) { silu_mul_avx512(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I); continue; }
+      if (simd) { silu_mul_avx512(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I); continue; }
 #endif
-    silu_mul_scalar(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I);
-  }
+      silu_mul_scalar(g + t * 2 * I, g + t * 2 * I + I, y + t * I, I);
+    }
+  });
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ def test_mixed_dtypes_raise_before_writing():
 
 @needs_native
 @pytest.mark.parametrize("isa", VARIANTS)
-@pytest.mark.parametrize("rows,width", [(1, 576), (8, 576), (3, 37), (2, 16)])
+@pytest.mark.parametrize("rows,width", [(1, 576), (8, 576), (3, 37), (2, 16), (100, 40)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_add_rms_norm(isa, rows, width, residual):
     g = torch.Generator().manual_seed(width + rows)
@@ -111,7 +111,7 @@ def test_add_rms_norm(isa, rows, width, residual):
 
 @needs_native
 @pytest.mark.parametrize("isa", VARIANTS)
-@pytest.mark.parametrize("rows,inter", [(1, 1536), (8, 1536), (2, 21)])
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (8, 1536), (2, 21), (50, 40)])
 def test_silu_mul(isa, rows, inter):
     g = torch.Generator().manual_seed(inter)
     gu = torch.randn(rows, 2 * inter, generator=g) * 4

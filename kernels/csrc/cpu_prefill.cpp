@@ -1,0 +1,263 @@
+// bf16 prefill attention on CPU with AVX512_BF16 (kernels/cpu_prefill.py): causal attention of one
+// sequence's new query tokens over its whole context, read in place through its block table.
+//
+// prefill_attention_bf16_out(query [Tq, Hq, D], kv_cache [NB, L, 2, BS, Hkv, D], layer,
+//                            block_table [max_blocks] int32, seq_len, scale, out [Tq, Hq, D])
+//   query token i sits at position seq_len − Tq + i and sees positions [0, seq_len − Tq + i].
+//
+// Flash-attention's online softmax (Dao et al. 2022, "FlashAttention", Algorithm 1) over key
+// tiles of 32 positions aligned at position 0; per query row (token i, head g of KV head h):
+//   s = (q · k)·scale        fp32 sums of exact bf16 products (VDPBF16PS over d pairs)
+//   m' = max(m, max s)       α = e^(m − m'),  p = e^(s − m') (0 past the row's last position)
+//   l = l·α + Σ p            o = o·α + bf16(p) · v (VDPBF16PS over key pairs)
+//   out = bf16(o / l)        rounded to nearest even once
+// p is rounded to bf16 before p·v, as torch's bf16 SDPA on CPU does; everything else is fp32.
+//
+// A row's arithmetic depends only on its own q and position and the K/V of positions up to it,
+// in one fixed order (tiles from position 0, lanes and pairs fixed): its result does not depend
+// on the other rows, how the prompt was chunked, or the thread count, so chunked prefill on a
+// prefill worker and a colocated one give the same bits.
+//
+// Work: pass 1 packs each KV head's K as [tile][d pair][32 keys] and V as [tile][key pair][D]
+// 32-bit words (bf16 pairs, the operand layout VDPBF16PS wants; positions past seq_len zero).
+// Pass 2 splits items (KV head, tile of 16 query tokens) over threads, in an order that gives
+// each contiguous share a like amount of causal work; an item keeps its G·16 rows' o, m, l in
+// a thread-local scratch and runs 4 rows at a time against each key tile (8 score accumulators,
+// then 16 output accumulators).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "bf16.h"
+#include "isa.h"
+#include "simd_exp.h"
+
+namespace {
+
+using baton::bf16;
+constexpr int64_t KT = 32;  // keys per tile
+constexpr int64_t QT = 16;  // query tokens per item
+
+struct Args {
+  const uint16_t* q; int64_t ldq;  // [Tq, Hq·D] rows (token stride ldq, heads contiguous)
+  const uint16_t* cache;           // [NB, L, 2, BS, Hkv, D]
+  int64_t layer, L, BS, Hq, Hkv, D, G;
+  const int32_t* table;
+  int64_t N, Tq, base;             // seq_len, query tokens, position of query token 0
+  float scale;
+  uint16_t* out; int64_t ldo;      // [Tq, Hq·D]
+  int64_t tiles;                   // key tiles = ceil(N / KT)
+  uint32_t* kp; uint32_t* vp;      // packed K, V: per head tiles · KT·D/2 words each
+};
+
+inline const uint16_t* kv_row(const Args& a, int64_t kv, int64_t n, int64_t h) {
+  const int64_t block = a.table[n / a.BS];
+  return a.cache + ((((block * a.L + a.layer) * 2 + kv) * a.BS + n % a.BS) * a.Hkv + h) * a.D;
+}
+
+// Pass 1 for (h, tile t): K words [dp][32 keys] (key j: (k[2dp], k[2dp+1])), V words
+// [key pair m][D] (d: (v[n0+2m][d], v[n0+2m+1][d])).
+void pack(const Args& a, int64_t h, int64_t t) {
+  const int64_t D = a.D, n0 = t * KT, words = KT * D / 2;
+  uint32_t* kp = a.kp + (h * a.tiles + t) * words;
+  uint32_t* vp = a.vp + (h * a.tiles + t) * words;
+  for (int64_t j = 0; j < KT; ++j) {
+    const int64_t n = n0 + j;
+    if (n >= a.N) {
+      for (int64_t dp = 0; dp < D / 2; ++dp) kp[dp * KT + j] = 0;
+      for (int64_t d = 0; d < D; ++d) reinterpret_cast<uint16_t*>(vp + (j / 2) * D + d)[j % 2] = 0;
+      continue;
+    }
+    const uint16_t* k = kv_row(a, 0, n, h);
+    const uint16_t* v = kv_row(a, 1, n, h);
+    for (int64_t dp = 0; dp < D / 2; ++dp)
+      kp[dp * KT + j] = static_cast<uint32_t>(k[2 * dp]) | (static_cast<uint32_t>(k[2 * dp + 1]) << 16);
+    for (int64_t d = 0; d < D; ++d) reinterpret_cast<uint16_t*>(vp + (j / 2) * D + d)[j % 2] = v[d];
+  }
+}
+
+struct Scratch {
+  std::vector<uint32_t> q;   // [R][D/2] words
+  std::vector<uint32_t> p;   // [R][KT/2] words (bf16 p pairs)
+  std::vector<float> o, m, l;
+  std::vector<int64_t> last; // each row's last visible position
+};
+
+#ifdef BATON_X86
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+inline __m512 dp(__m512 acc, uint32_t a, const uint32_t* b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(a)),
+                          (__m512bh)_mm512_loadu_si512(b));
+}
+
+// Item (h, query tile qt): rows r = i·G + g for the tile's tokens i, heads h·G + g.
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
+  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * QT;
+  const int64_t ti = std::min(QT, a.Tq - i0), R = ti * G, R4 = (R + 3) / 4 * 4;
+  s.q.assign(R4 * DP, 0u);
+  s.p.resize(R4 * (KT / 2));
+  s.o.assign(R4 * D, 0.0f);
+  s.m.assign(R4, -std::numeric_limits<float>::infinity());
+  s.l.assign(R4, 0.0f);
+  s.last.resize(R4);
+  for (int64_t r = 0; r < R4; ++r) {
+    const int64_t rr = std::min(r, R - 1), i = i0 + rr / G, g = rr % G;
+    s.last[r] = a.base + i;
+    if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
+  }
+  const int64_t end = a.base + i0 + ti;  // keys [0, end) are visible to some row
+  const int64_t tiles = (end + KT - 1) / KT;
+  const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
+  const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint32_t* kt = kp + t * KT * DP;
+    const uint32_t* vt = vp + t * KT * DP;
+    const int64_t n0 = t * KT;
+    for (int64_t r0 = 0; r0 < R4; r0 += 4) {
+      // scores of 4 rows × 32 keys
+      __m512 acc[4][2];
+      for (int u = 0; u < 4; ++u) acc[u][0] = acc[u][1] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < DP; ++d) {
+        const uint32_t* kd = kt + d * KT;
+        for (int u = 0; u < 4; ++u) {
+          const uint32_t qw = s.q[(r0 + u) * DP + d];
+          acc[u][0] = dp(acc[u][0], qw, kd);
+          acc[u][1] = dp(acc[u][1], qw, kd + 16);
+        }
+      }
+      for (int u = 0; u < 4; ++u) {
+        const int64_t r = r0 + u;
+        const __m512i lim = _mm512_set1_epi32(static_cast<int>(std::min<int64_t>(s.last[r] - n0, KT)));
+        const __mmask16 k0 = _mm512_cmple_epi32_mask(lane, lim);
+        const __mmask16 k1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), lim);
+        const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        const __m512 s0 = _mm512_mask_mul_ps(ninf, k0, acc[u][0], scale);
+        const __m512 s1 = _mm512_mask_mul_ps(ninf, k1, acc[u][1], scale);
+        const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+        const float mn = std::max(s.m[r], mt);
+        const __m512 mv = _mm512_set1_ps(mn);
+        const __m512 p0 = _mm512_maskz_mov_ps(k0, exp512(_mm512_sub_ps(s0, mv)));
+        const __m512 p1 = _mm512_maskz_mov_ps(k1, exp512(_mm512_sub_ps(s1, mv)));
+        const float alpha = s.m[r] == mn ? 1.0f : std::exp(s.m[r] - mn);
+        s.m[r] = mn;
+        s.l[r] = s.l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        if (alpha != 1.0f) {
+          const __m512 av = _mm512_set1_ps(alpha);
+          for (int64_t d = 0; d < D; d += 16)
+            _mm512_storeu_ps(&s.o[r * D + d], _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), av));
+        }
+        // bf16 pairs (p[2m], p[2m+1]): keys 0..15 then 16..31
+        const __m512i b0 = baton::bf16_bits(p0), b1 = baton::bf16_bits(p1);
+        const __m512i w0 = _mm512_or_si512(_mm512_and_si512(b0, _mm512_set1_epi32(0xFFFF)),
+                                           _mm512_slli_epi32(_mm512_srli_epi64(b0, 32), 16));
+        const __m512i w1 = _mm512_or_si512(_mm512_and_si512(b1, _mm512_set1_epi32(0xFFFF)),
+                                           _mm512_slli_epi32(_mm512_srli_epi64(b1, 32), 16));
+        // even 32-bit lanes of w now hold pairs; compress them into 8 words each
+        const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        _mm512_storeu_si512(&s.p[r * (KT / 2)], _mm512_permutex2var_epi32(w0, idx, w1));
+      }
+      // o += p · v for 4 rows, D in chunks of 64 (4 accumulators each)
+      for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int64_t nv = std::min<int64_t>(4, (D - d0) / 16);
+        __m512 o[4][4];
+        for (int u = 0; u < 4; ++u)
+          for (int64_t c = 0; c < nv; ++c) o[u][c] = _mm512_loadu_ps(&s.o[(r0 + u) * D + d0 + 16 * c]);
+        for (int64_t mp = 0; mp < KT / 2; ++mp) {
+          const uint32_t* vm = vt + mp * D + d0;
+          for (int u = 0; u < 4; ++u) {
+            const uint32_t pw = s.p[(r0 + u) * (KT / 2) + mp];
+            for (int64_t c = 0; c < nv; ++c) o[u][c] = dp(o[u][c], pw, vm + 16 * c);
+          }
+        }
+        for (int u = 0; u < 4; ++u)
+          for (int64_t c = 0; c < nv; ++c) _mm512_storeu_ps(&s.o[(r0 + u) * D + d0 + 16 * c], o[u][c]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = i0 + r / G, g = r % G;
+    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
+    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
+    for (int64_t d = 0; d < D; d += 16)
+      baton::store16(reinterpret_cast<bf16*>(dst + d), _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
+  }
+}
+#endif
+
+bool has_bf16_isa() {
+#ifdef BATON_X86
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")
+                          && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// Shapes at the top of the file; kernels/cpu_prefill.py checks them and documents the call.
+void prefill_attention_bf16_out(const torch::Tensor& query, const torch::Tensor& kv_cache,
+                                int64_t layer, const torch::Tensor& block_table, int64_t seq_len,
+                                double scale, torch::Tensor& out) {
+  TORCH_CHECK(has_bf16_isa(), "cpu_prefill: this CPU has no AVX512_BF16");
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && kv_cache.scalar_type() == at::kBFloat16 &&
+              out.scalar_type() == at::kBFloat16, "cpu_prefill: bf16 tensors only");
+  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu() && out.device().is_cpu(),
+              "cpu_prefill: CPU tensors only");
+  TORCH_CHECK(kv_cache.dim() == 6 && kv_cache.is_contiguous(),
+              "cpu_prefill: kv_cache must be a contiguous [NB, L, 2, BS, Hkv, D]");
+  const int64_t Hkv = kv_cache.size(4), D = kv_cache.size(5);
+  TORCH_CHECK(query.dim() == 3 && query.size(2) == D && query.stride(2) == 1 &&
+              query.stride(1) == D, "cpu_prefill: query must be [Tq, Hq, D], heads contiguous");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.stride(1) == D,
+              "cpu_prefill: out must be [Tq, Hq, D], heads contiguous");
+  const int64_t Tq = query.size(0), Hq = query.size(1);
+  TORCH_CHECK(Hq % Hkv == 0 && D % 16 == 0, "cpu_prefill: need Hq = G·Hkv and D % 16 == 0");
+  TORCH_CHECK(0 <= layer && layer < kv_cache.size(1), "cpu_prefill: layer out of range");
+  TORCH_CHECK(1 <= Tq && Tq <= seq_len, "cpu_prefill: need 1 <= query tokens <= seq_len");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.is_contiguous() &&
+              block_table.dim() == 1, "cpu_prefill: block_table must be a contiguous int32 [max_blocks]");
+  const int64_t BS = kv_cache.size(3), NB = kv_cache.size(0);
+  const int64_t nblocks = (seq_len + BS - 1) / BS;
+  TORCH_CHECK(nblocks <= block_table.numel(), "cpu_prefill: seq_len past the block table");
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  for (int64_t b = 0; b < nblocks; ++b)
+    TORCH_CHECK(0 <= table[b] && table[b] < NB, "cpu_prefill: block id out of range");
+#ifdef BATON_X86
+  const int64_t tiles = (seq_len + KT - 1) / KT, words = KT * D / 2;
+  std::vector<uint32_t> kp(Hkv * tiles * words), vp(Hkv * tiles * words);
+  Args a{reinterpret_cast<const uint16_t*>(query.data_ptr()), query.stride(0),
+         reinterpret_cast<const uint16_t*>(kv_cache.data_ptr()), layer, kv_cache.size(1), BS, Hq,
+         Hkv, D, Hq / Hkv, table, seq_len, Tq, seq_len - Tq, static_cast<float>(scale),
+         reinterpret_cast<uint16_t*>(out.data_ptr()), out.stride(0), tiles, kp.data(), vp.data()};
+  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) pack(a, i / tiles, i % tiles);
+  });
+  // items in the order tile 0, n−1, 1, n−2, ... (per head): contiguous shares get like work
+  const int64_t nq = (Tq + QT - 1) / QT;
+  at::parallel_for(0, Hkv * nq, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t k = i / Hkv, h = i % Hkv;
+      item(a, h, k % 2 == 0 ? k / 2 : nq - 1 - k / 2, s);
+    }
+  });
+#endif
+}
+
+void register_cpu_prefill(pybind11::module& m) {
+  m.def("prefill_attention_bf16_out", &prefill_attention_bf16_out,
+        "causal bf16 prefill attention over a paged cache, AVX512_BF16 (kernels/cpu_prefill.py)");
+  m.def("has_avx512_bf16_attention", &has_bf16_isa,
+        "whether prefill_attention_bf16_out runs on this CPU");
+}
