@@ -21,7 +21,8 @@ def _ids(n: int, seed: int) -> list[int]:
 
 
 def _llm(folder, **tier) -> LLM:
-    return LLM(str(folder), block_size=BS, num_blocks=24, **tier)
+    # fp32 named: turns are compared with transformers' fp32 model and BLOCK_BYTES is fp32's
+    return LLM(str(folder), block_size=BS, num_blocks=24, dtype="float32", **tier)
 
 
 def _session(llm: LLM, folder):

@@ -85,7 +85,8 @@ def test_engine_sizes_its_pool_from_free_memory(tiny_llama, monkeypatch):
 
 
 def test_baton_up_splits_one_budget_over_its_workers(tiny_llama):
-    a = parse_up_args(["--model", str(tiny_llama), "--num-decode", "2"])
+    # fp32 named: the byte counts below are fp32's (auto is bf16 on CPUs with AVX512_BF16)
+    a = parse_up_args(["--model", str(tiny_llama), "--num-decode", "2", "--dtype", "float32"])
     weights = weight_bytes(tiny_llama, 4)
     config = json.loads((tiny_llama / "config.json").read_text())
     assert weights > 0 and block_bytes_of(config, 16, 4) == 2 * 2 * 16 * 2 * 16 * 4
@@ -94,7 +95,8 @@ def test_baton_up_splits_one_budget_over_its_workers(tiny_llama):
     assert share == int(300 * MIB * 0.5) // 3
     set_role_flag(a, "kv_cache_memory_bytes", share)
     assert decode_args(a)[decode_args(a).index("--kv-cache-memory-bytes") + 1] == str(share)
-    explicit = parse_up_args(["--model", str(tiny_llama), "--num-blocks", "64"])
+    explicit = parse_up_args(["--model", str(tiny_llama), "--num-blocks", "64", "--dtype",
+                              "float32"])
     assert kv_bytes_per_worker(explicit, tiny_llama, free) is None
     with pytest.raises(KVBudgetError, match="--num-blocks"):
         kv_bytes_per_worker(a.__class__(**{**vars(a), "kv_cache_memory_bytes": None}),

@@ -15,6 +15,7 @@ import urllib.request
 import openai
 import pytest
 
+from baton.dtypes import ELEMENT_BYTES, resolve_dtype
 from tests.kv_store_helpers import need_mooncake
 from tests.test_cluster_e2e import SYSTEM, baton_up, chat, model_of
 from tests.test_cluster_restart import _child_pid, _read_until
@@ -22,8 +23,9 @@ from tests.test_cluster_restart import _child_pid, _read_until
 pytestmark = pytest.mark.slow
 BS = 16
 # one store value of a tiny Llama block: header 28 B + 16 int32 tokens + 2 layers × K/V ×
-# 16 tokens × 2 KV heads × head size 16 × 4 B (kv_store.py)
-VALUE_BYTES = 28 + BS * 4 + 2 * 2 * BS * 2 * 16 * 4
+# 16 tokens × 2 KV heads × head size 16 × the element bytes of the dtype `baton up` chooses
+# here (kv_store.py; auto: bf16 on CPUs with AVX512_BF16, else fp32)
+VALUE_BYTES = 28 + BS * 4 + 2 * 2 * BS * 2 * 16 * ELEMENT_BYTES[resolve_dtype("auto")]
 
 
 def _store_sums(url: str) -> dict[str, float]:

@@ -21,8 +21,10 @@ PROMPTS = [[5, 6] + CODE + [7] + CODE[:5], list(range(3, 60)), [9] * 30, [300, 3
 
 
 def _llm(folder, spec=None, **kw) -> LLM:
+    # fp32 named: these compare token for token with transformers' fp32 model and with spec
+    # off (auto is bf16 on CPUs with AVX512_BF16, where neither comparison is exact)
     return LLM(str(folder), num_blocks=kw.pop("num_blocks", 160), block_size=4,
-               speculative_config=spec, **kw)
+               speculative_config=spec, dtype=kw.pop("dtype", "float32"), **kw)
 
 
 def _both(folder, prompts, params, spec=SUFFIX, **kw):

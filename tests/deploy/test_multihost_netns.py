@@ -2,7 +2,8 @@
 tests/deploy/netns.py), a client on a fourth; real requests through the gateway.
 
 For each transport (NIXL = UCX over TCP on the veth, and gRPC) it checks that
-  - outputs equal the colocated engine (`baton.LLM` in-process, greedy, fp32), for a long
+  - outputs equal the colocated engine (`baton.LLM` in-process, greedy, the dtype
+    `auto` chooses here, as the workers do), for a long
     prompt, its second turn (prefix cached on decode) and a short prompt;
   - the long prompts were prefilled remotely (decode: 2 remote prefills ok, 1 kept local)
     and their KV came across: bytes received by decode == bytes sent by prefill > 0;
@@ -162,7 +163,7 @@ def netns_names() -> list[str]:
 def colocated(tiny_llama):
     from baton import LLM
 
-    return LLM(str(tiny_llama), block_size=BLOCK, num_blocks=NUM_BLOCKS, dtype="float32")
+    return LLM(str(tiny_llama), block_size=BLOCK, num_blocks=NUM_BLOCKS)  # dtype auto, as the workers
 
 
 @pytest.mark.parametrize("transport", ["nixl", "grpc"])
@@ -197,7 +198,8 @@ def test_kv_crosses_hosts(lab, tiny_llama, colocated, transport, tmp_path):
     assert {k: float(v) for k, v in outcomes.items()} == {"ok": 2.0, "local": 1.0}
     received = metric(decode_m, "baton_kv_received_bytes_total")
     sent = metric(prefill_m, "baton_kv_transferred_bytes_total")
-    assert received == sent >= 100_000  # large enough to dwarf control traffic on the veth
+    # large enough to dwarf control traffic on the veth (~90 KB in bf16, twice that in fp32)
+    assert received == sent >= 50_000
     decode_rx = after["decode"][0] - before["decode"][0]
     prefill_tx = after["prefill"][1] - before["prefill"][1]
     assert decode_rx >= received and prefill_tx >= sent, (decode_rx, prefill_tx, received)
