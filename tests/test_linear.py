@@ -71,3 +71,39 @@ def test_fused_cpu_decode_step_matches_transformers(monkeypatch, tiny_llama, fus
     for prompt, out in zip(prompts, outs):
         assert out.output_token_ids == hf_greedy(tiny_llama, prompt, 12)
     assert bool(calls) is fused  # the fused op ran in the fused case only
+
+
+def test_bucket_rows_are_few_and_tight() -> None:
+    from baton.models.linear import bucket_rows
+
+    sizes = {bucket_rows(m) for m in range(1, 4097)}
+    assert len(sizes) == 48
+    for m in range(1, 8193):
+        b = bucket_rows(m)
+        assert m <= b < m + max(16, m / 8) and bucket_rows(b) == b
+
+
+@pytest.mark.parametrize("native,split", STORAGES)
+def test_bf16_rows_padded_to_a_bucket_give_the_unpadded_product(native: bool,
+                                                                split: bool) -> None:
+    """bf16 above the native kernel's rows: the product runs at `bucket_rows` rows; the rows
+    asked for are torch's bf16 x @ W.T of those rows, bit for bit."""
+    w = _rand(24, 64, seed=3).bfloat16()
+    lin = Linear(w, native, split)
+    for rows in (gemv.max_rows() + 1, 37, 130, 300):
+        x = _rand(rows, 64, seed=rows).bfloat16()
+        y = lin(x)
+        assert y.shape == (rows, 24) and y.dtype == torch.bfloat16 and y.is_contiguous()
+        assert torch.equal(y, x @ w.t())
+
+
+def test_bf16_products_of_many_row_counts_keep_memory_bounded() -> None:
+    """oneDNN keeps ~0.4 MB per distinct row count of a bf16 GEMM (never returned): 400 row
+    counts unpadded grew a process by ~170 MB; bucketed they are ~15 shapes."""
+    psutil = pytest.importorskip("psutil")
+    lin = Linear(_rand(192, 64, seed=4).bfloat16(), gemv.gemv_available())
+    lin(_rand(17, 64, seed=5).bfloat16())
+    before = psutil.Process().memory_info().rss
+    for rows in range(17, 417):
+        lin(_rand(rows, 64, seed=rows).bfloat16())
+    assert psutil.Process().memory_info().rss - before < 60 * 2**20

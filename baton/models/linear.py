@@ -11,6 +11,13 @@ Two storages, chosen once at load for the whole model (`use_native_gemv`):
   (in, out) so `x @ W` streams rows (faster than `x @ W.T` for a GEMV on CPU, see
   shared/PLATFORM.md); with `split=True` as two column halves multiplied by one batched matmul
   (`_split_matmul`), which spreads a one-row GEMV over two cores where MKL's uses one.
+
+bf16 products on CPU that go to torch's GEMM (more rows than the native kernel takes) pad x's
+rows up to one of a few bucket sizes (`bucket_rows`): oneDNN keeps memory for every row count
+it has seen, never returned (torch 2.13, measured on the Zen 4 VM: 0.4–1.2 MB per distinct row
+count and weight shape, 856 MB after 2,048 row counts of one small matrix, unchanged by
+ONEDNN_PRIMITIVE_CACHE_CAPACITY), so a server prefilling chunks of every length grew by
+hundreds of MB (tests/test_soak.py); with buckets it is bounded by their number.
 """
 from __future__ import annotations
 
@@ -39,6 +46,24 @@ def _split_matmul(x: torch.Tensor, w2: torch.Tensor, out_features: int) -> torch
     is threading: MKL's GEMV for one row runs on one core here, a batch of two GEMVs on two."""
     y = torch.matmul(x, w2).transpose(0, 1).reshape(x.shape[0], -1)  # [T, 2·ceil(out/2)]
     return y if y.shape[1] == out_features else y[:, :out_features]
+
+
+def bucket_rows(m: int) -> int:
+    """The row count a bf16 GEMM of `m` rows runs at: m rounded up to a multiple of 16, or of
+    1/8 of the power of two below it where that is larger (8 sizes per octave: 48 up to 4,096
+    rows), so the extra rows are fewer than 16 and than m/8."""
+    step = max(16, 1 << max(0, (m - 1).bit_length() - 4))
+    return -(-m // step) * step
+
+
+def _padded(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(x with its rows zero-padded to `bucket_rows`, its row count) for a bf16 CPU x that
+    torch's GEMM will take; x itself otherwise."""
+    m = x.shape[0]
+    if x.dtype != torch.bfloat16 or x.is_cuda or m <= native.max_rows():
+        return x, m
+    b = bucket_rows(m)
+    return (x if b == m else torch.nn.functional.pad(x, (0, 0, 0, b - m))), m
 
 
 class Linear:
@@ -79,8 +104,12 @@ class Linear:
         return self.weight.t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] → [T, out], x's dtype; bf16 GEMMs on CPU run at `bucket_rows(T)` rows."""
+        x, m = _padded(x)
         if self.native:
-            return native.gemv(x, self.weight)
-        if self.split:
-            return _split_matmul(x, self.weight, self.out_features)
-        return x @ self.weight
+            y = native.gemv(x, self.weight)
+        elif self.split:
+            y = _split_matmul(x, self.weight, self.out_features)
+        else:
+            y = x @ self.weight
+        return y if y.shape[0] == m else y[:m]
