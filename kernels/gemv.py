@@ -55,7 +55,7 @@ _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
 _SOURCES = [_SOURCE, _SOURCE.parent / "gemv_bf16.cpp", _SOURCE.parent / "cpu_decode.cpp",
             _SOURCE.parent / "cpu_norm.cpp", _SOURCE.parent / "cpu_verify.cpp",
             _SOURCE.parent / "cpu_prefill.cpp"]
-_HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.h")]
+_HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.h", "scores_bf16.h")]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False

@@ -23,10 +23,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "bf16.h"
 #include "isa.h"
+#include "scores_bf16.h"
 #include "simd_exp.h"
 
 #ifdef BATON_X86
@@ -49,6 +51,7 @@ struct Attn {
   const int32_t* lens;                    // [T]
   float scale;
   T* out;                                 // [T, Hq·D]
+  bool dot = false;                       // bf16 scores by VDPBF16PS (scores_bf16.h)
 };
 
 // K row (all Hkv heads, Hkv·D floats) of each position n < lens[t] of token t's sequence, walked
@@ -131,7 +134,13 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t 
   using baton::load16;
   const int64_t G = a.Hq / a.Hkv, D = a.D, C = D / 16, N = a.lens[t];
   const int64_t row_bytes = a.Hkv * D * int64_t(sizeof(T)), vstride = a.BS * a.Hkv * D;
-  for (int64_t n = 0; n < N; ++n) {  // scores s[i][n] = (q_i · k_n) · scale
+  if constexpr (std::is_same_v<T, baton::bf16>) {
+    if (a.dot) {  // the same scores, 16 positions per horizontal add
+      for (int64_t h = 0; h < a.Hkv; ++h)
+        baton::scores_bf16(q + h * G * D, rows, h * D, N, D, G, a.scale, p + h * G * N);
+    }
+  }
+  for (int64_t n = 0; n < N && !a.dot; ++n) {  // scores s[i][n] = (q_i · k_n) · scale
     if (n + PF < N)
       for (int64_t b = 0; b < row_bytes; b += 64)
         _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF]) + b, _MM_HINT_T0);
@@ -165,6 +174,16 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t 
     inv_l[i] = 1.0f / _mm512_reduce_add_ps(l);
   }
   for (int64_t h = 0; h < a.Hkv; ++h) {  // out_i = Σ p_n v_n, D in chunks of 64 in registers
+    alignas(64) float o64[8 * 64];
+    if (D == 64 && baton::pv64_any(G, p + h * G * N, N, rows, vstride + h * D, o64)) {
+      for (int64_t g = 0; g < G; ++g) {  // the same products and order as the loop below
+        T* o = a.out + (t * a.Hq + h * G + g) * D;
+        for (int64_t c = 0; c < 4; ++c)
+          baton::store16(o + 16 * c, _mm512_mul_ps(_mm512_load_ps(o64 + g * 64 + 16 * c),
+                                                   _mm512_set1_ps(inv_l[h * G + g])));
+      }
+      continue;
+    }
     for (int64_t c0 = 0; c0 < C; c0 += 4) {
       const int64_t cn = std::min<int64_t>(4, C - c0);
       __m512 acc[8][4];
@@ -228,7 +247,16 @@ void launch(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Ten
             kv_cache.data_ptr<T>(), layer, kv_cache.size(1), kv_cache.size(3), Hq,
             kv_cache.size(4), D, slots, tab, MB, lens, static_cast<float>(scale),
             out.data_ptr<T>()};
-  run(a, qkv.size(0), max_len, use_avx512(isa) && D % 16 == 0 && Hq <= 64);
+  const bool simd = use_avx512(isa) && D % 16 == 0 && Hq <= 64;
+#ifdef BATON_X86
+  static const bool has_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+                              && __builtin_cpu_supports("avx512vl");
+  // ISA_BEST only: a forced AVX-512F variant keeps its own score loop (tests compare the two)
+  // scores_bf16 holds q of up to 8 heads of up to 512 elements in registers/stack
+  a.dot = std::is_same_v<T, baton::bf16> && simd && isa == 0 && has_dot && D % 32 == 0 &&
+          D <= 512 && Hq / a.Hkv <= 8;
+#endif
+  run(a, qkv.size(0), max_len, simd);
 }
 
 }  // namespace

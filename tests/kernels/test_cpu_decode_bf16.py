@@ -35,6 +35,7 @@ CASES = [
     ([40, 3], 4, 4, 32),                            # no GQA, D = 32
     ([23], 8, 1, 6),                                # D not a multiple of 16: the scalar loop
     ([300, 2], 4, 2, 16),                           # the tiny test models' head size
+    ([70, 19], 8, 1, 64),                           # 8 heads per KV head: no pv64
 ]
 
 
