@@ -157,6 +157,29 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const ArgsB& a, int64_t o0, i
 // ---- AVX512_BF16 ----------------------------------------------------------------------------
 #define BATON_BF16_TARGET "avx512f,avx512bw,avx512bf16,avx2,fma"
 
+// The lane sums of 16 vectors v = acc[r][t] (v[4t + r]) by the tree of tree16 (lanes j + 8,
+// then j + 4, j + 2, j + 1: the same additions, so the same bits as hsum8 per vector), computed
+// for all 16 at once by shuffles: lane 4r + t of the result holds acc[r][t]'s sum.
+__attribute__((target(BATON_BF16_TARGET))) inline __m512 tree16x16(const __m512 (&acc)[4][4]) {
+  __m512 v[16], s8[8], s4[4], s2[2];
+  for (int t = 0; t < 4; ++t)
+    for (int r = 0; r < 4; ++r) v[4 * t + r] = acc[r][t];
+  for (int k = 0; k < 8; ++k)  // [v2k: j + (j+8), j < 8 | v2k+1: same]
+    s8[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                          _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int m = 0; m < 4; ++m)  // quarters: v4m, v4m+1, v4m+2, v4m+3, each j + (j+4), j < 4
+    s4[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], 0xDD));
+  for (int n = 0; n < 2; ++n) {  // quarter q: [v8n+q: j + (j+2), j < 2 | v8n+4+q: same]
+    const __m512d x = _mm512_castps_pd(s4[2 * n]), y = _mm512_castps_pd(s4[2 * n + 1]);
+    s2[n] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // quarter q: [vq, v4+q, v8+q, v12+q], lane 0 + lane 1 of each: lane 4q + s holds v[4s + q]
+  return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 template <int NR, int BT>
 __attribute__((target(BATON_BF16_TARGET))) void tile_dp(const ArgsB& a, Tile tl, int64_t b) {
   __m512 acc[NR][BT];
@@ -183,6 +206,14 @@ __attribute__((target(BATON_BF16_TARGET))) void tile_dp(const ArgsB& a, Tile tl,
         acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv,
                                      (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * a.ldx + k));
     }
+  }
+  if constexpr (NR == 4 && BT == 4) {  // 16 sums in one transposing tree (same adds, fewer ops)
+    alignas(64) float s[16];
+    _mm512_store_ps(s, tree16x16(acc));
+    for (int r = 0; r < 4; ++r)
+      for (int t = 0; t < 4; ++t)
+        a.y[(b + t) * a.ldy + tl.o + r * tl.step] = baton::bf16(s[4 * r + t]);
+    return;
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < BT; ++t) {
