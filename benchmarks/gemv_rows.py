@@ -3,7 +3,7 @@
 prefill chunks a few dozen).
 
     python benchmarks/gemv_rows.py [--model smollm2-135m] [--rows 1,4,8,16,20,36,64,96,128]
-        [--rounds 3] [--threads N]
+        [--rounds 3] [--threads N] [--dtype float32|bfloat16]
 
 Every matrix of the model's decoder (qkv, o, gate_up, down per layer, then lm_head; shapes
 from the model folder's config.json, random fp32 values: only the time is measured) is
@@ -21,12 +21,13 @@ import time
 
 import torch
 
+from baton.config import parse_dtype
 from baton.models.registry import resolve_model
 from kernels import gemv as g
 
 
-def matrices(model: str) -> list[torch.Tensor]:
-    """The decoder's (out, in) fp32 matrices in step order, random values."""
+def matrices(model: str, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """The decoder's (out, in) matrices of `dtype` in step order, random values."""
     cfg = json.loads((resolve_model(model) / "config.json").read_text())
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim", h // cfg["num_attention_heads"])
@@ -34,11 +35,11 @@ def matrices(model: str) -> list[torch.Tensor]:
     layer = [(qkv, h), (h, cfg["num_attention_heads"] * d), (2 * inter, h), (h, inter)]
     shapes = layer * cfg["num_hidden_layers"] + [(cfg["vocab_size"], h)]
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(o, i, generator=gen) for o, i in shapes]
+    return [torch.randn(o, i, generator=gen).to(dtype) for o, i in shapes]
 
 
 def one_pass_ms(ws: list[torch.Tensor], rows: int, native: bool) -> float:
-    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in ws}
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(ws[0].dtype) for w in ws}
     t0 = time.perf_counter()
     for w in ws:
         x = xs[w.shape[1]]
@@ -52,14 +53,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,8,16,20,36,64,96,128")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     if not g.gemv_available():
         raise SystemExit("the native GEMV did not build here: nothing to compare")
-    ws = matrices(a.model)
-    print(f"threads {torch.get_num_threads()}, {sum(w.numel() for w in ws) * 4 / 1e6:.0f} MB "
-          f"of weights, max_rows() here = {g.max_rows()}")
+    ws = matrices(a.model, parse_dtype(a.dtype))
+    print(f"threads {torch.get_num_threads()}, {a.dtype}, "
+          f"{sum(w.numel() * w.element_size() for w in ws) / 1e6:.0f} MB of weights, "
+          f"max_rows() here = {g.max_rows(ws[0].dtype)}")
     for rows in (int(r) for r in a.rows.split(",")):
         one_pass_ms(ws[:2], rows, True), one_pass_ms(ws[:2], rows, False)  # warm both paths
         nat, ref = [], []

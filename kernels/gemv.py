@@ -1,6 +1,6 @@
 """Small-batch fp32 / bf16 GEMV on CPU for decode steps, streaming (out, in) weights once per step.
 
-    x [B, in], B <= max_rows() (16 or 64)     w [out, in], contiguous (laid out once at load)
+    x [B, in], B <= max_rows() (16–64)        w [out, in], contiguous (laid out once at load)
     y [B, out] = x @ w.T                      each y[b, o] = one contiguous dot product over w[o]
     fp32: x, w, y fp32                        bf16: x, w, y bf16, fp32 sums, y rounded once
 
@@ -45,6 +45,11 @@ MAX_ROWS = 16  # rows the AVX-512 kernel takes (issue 17's Intel VM; above: torc
 # 128 rows 352.3 vs 326.3), so speculative verify steps and short prefill chunks stay on it;
 # bf16 on such CPUs (torch's bf16 GEMM is slow there) takes the same limit, unmeasured
 MAX_ROWS_AVX2 = 64
+# bf16 on CPUs with AVX512_BF16 (Zen 4 VM, SmolLM2-135M's 121 matrices streamed, `python
+# benchmarks/gemv_rows.py --dtype bfloat16`, best of 3, two runs): native vs torch's oneDNN GEMM
+# 16 rows 26.0 vs 42.6 ms, 24 rows 37.9 vs 48.7, 32 rows 44.6 vs 54.7 and 43.9 vs 43.1, 48 rows
+# 62.9 vs 74.8 and 62.2 vs 58.2: native to 32 rows (a spec verify step of 4 rows x (1 + 7))
+MAX_ROWS_BF16 = 32
 ISA_BEST, ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AVX512_BF16 = 0, 1, 2, 3, 4
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -60,6 +65,7 @@ _log = logging.getLogger(__name__)
 _ext = None
 _tried = False
 _max_rows: int | None = None
+_max_rows_bf16 = [0]
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -183,21 +189,26 @@ def gemv_native(x: torch.Tensor, w: torch.Tensor, isa: int = ISA_BEST) -> torch.
     return _run(ext, x, w, isa)
 
 
-def max_rows() -> int:
-    """Most rows of x the native kernel takes on this CPU (`MAX_ROWS` with AVX-512,
-    `MAX_ROWS_AVX2` without); 0 when the extension is unavailable."""
+def max_rows(dtype: torch.dtype = torch.float32) -> int:
+    """Most rows of x of `dtype` the native kernel takes on this CPU (`MAX_ROWS` with
+    AVX-512, `MAX_ROWS_AVX2` without; bf16 with AVX512_BF16 `MAX_ROWS_BF16`); 0 when the
+    extension is unavailable."""
     global _max_rows
     if _max_rows is None:
         ext = _load()
         _max_rows = 0 if ext is None else (MAX_ROWS if ext.has_avx512() else MAX_ROWS_AVX2)
-    return _max_rows
+        if ext is not None and ext.has_avx512_bf16():
+            _max_rows_bf16[0] = MAX_ROWS_BF16
+        else:
+            _max_rows_bf16[0] = _max_rows
+    return _max_rows_bf16[0] if dtype == torch.bfloat16 else _max_rows
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [B, in] @ w [out, in].T → [B, out]: the native kernel for fp32 or bf16 CPU x with
-    B <= max_rows() when it is available, torch's matmul otherwise (prefill, other dtypes,
+    B <= max_rows(x.dtype) when it is available, torch's matmul otherwise (prefill, other dtypes,
     CUDA, no build)."""
     if (x.dtype in _NATIVE_DTYPES and x.dtype == w.dtype and not x.is_cuda and x.dim() == 2
-            and x.stride(1) == 1 and _load() is not None and x.shape[0] <= max_rows()):
+            and x.stride(1) == 1 and _load() is not None and x.shape[0] <= max_rows(x.dtype)):
         return _run(_ext, x, w, ISA_BEST)
     return gemv_ref(x, w)

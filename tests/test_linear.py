@@ -90,7 +90,7 @@ def test_bf16_rows_padded_to_a_bucket_give_the_unpadded_product(native: bool,
     asked for are torch's bf16 x @ W.T of those rows, bit for bit."""
     w = _rand(24, 64, seed=3).bfloat16()
     lin = Linear(w, native, split)
-    for rows in (gemv.max_rows() + 1, 37, 130, 300):
+    for rows in (gemv.max_rows(torch.bfloat16) + 1, 37, 130, 300):
         x = _rand(rows, 64, seed=rows).bfloat16()
         y = lin(x)
         assert y.shape == (rows, 24) and y.dtype == torch.bfloat16 and y.is_contiguous()

@@ -60,7 +60,7 @@ def _padded(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(x with its rows zero-padded to `bucket_rows`, its row count) for a bf16 CPU x that
     torch's GEMM will take; x itself otherwise."""
     m = x.shape[0]
-    if x.dtype != torch.bfloat16 or x.is_cuda or m <= native.max_rows():
+    if x.dtype != torch.bfloat16 or x.is_cuda or m <= native.max_rows(x.dtype):
         return x, m
     b = bucket_rows(m)
     return (x if b == m else torch.nn.functional.pad(x, (0, 0, 0, b - m))), m

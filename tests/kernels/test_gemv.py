@@ -99,8 +99,10 @@ def test_strided_rows_of_x() -> None:
 def test_dispatch_native_up_to_max_rows_torch_above(dtype: torch.dtype) -> None:
     w = _rand(33, 40, seed=5).to(dtype)
     assert g.max_rows() == (g.MAX_ROWS if g._load().has_avx512() else g.MAX_ROWS_AVX2)
-    small = _rand(g.max_rows(), 40, seed=6).to(dtype)
-    big = _rand(g.max_rows() + 1, 40, seed=7).to(dtype)
+    assert g.max_rows(torch.bfloat16) == (g.MAX_ROWS_BF16 if g._load().has_avx512_bf16()
+                                          else g.max_rows())
+    small = _rand(g.max_rows(dtype), 40, seed=6).to(dtype)
+    big = _rand(g.max_rows(dtype) + 1, 40, seed=7).to(dtype)
     assert torch.equal(g.gemv(small, w), g.gemv_native(small, w))
     assert torch.equal(g.gemv(big, w), g.gemv_ref(big, w))
     half = small.double()  # other dtypes take torch's path
