@@ -13,7 +13,8 @@ vLLM's `random_sample` in vllm/v1/sample/ops/topk_topp_sampler.py samples the sa
 So each row needs exactly one draw of V exponentials per step, whatever its parameters.
 A row with its own `torch.Generator` (a seeded request) draws only from it, so a seed gives
 the same tokens whatever else shares the batch; the other rows share one batched draw from
-the default RNG.
+the default RNG. A CPU batch of plain greedy rows (no processing, no top logprobs) takes the
+argmax and the chosen tokens' logprobs from one native pass per row (kernels/cpu_sample.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from baton.engine.grammar import GrammarMatcher, apply_grammar_masks
 from baton.engine.penalties import apply_logit_processing
 from baton.outputs import TokenLogprob
 from baton.sampling_params import SamplingParams
+from kernels import cpu_sample
 
 
 class SamplerOutput(NamedTuple):
@@ -68,6 +70,10 @@ class Sampler:
         when no row is constrained. Logprobs and ranks come from the raw logits."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators), (
             f"logits {tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+        if _native_greedy(logits, params, grammars):
+            ids, lse = cpu_sample.greedy_lse(logits)
+            chosen = logits.gather(1, ids[:, None]).squeeze(1).float()
+            return SamplerOutput(ids, chosen - lse, None)
         logits = logits.float()
         processed = apply_logit_processing(logits, params, history)
         processed = apply_grammar_masks(processed, grammars, owned=processed is not logits)
@@ -79,6 +85,18 @@ class Sampler:
             mask = torch.tensor(greedy, device=logits.device)
             token_ids = torch.where(mask, token_ids, sampled)
         return token_logprobs(logits, token_ids, params)
+
+
+def _native_greedy(logits: Tensor, params: list[SamplingParams],
+                   grammars: list[GrammarMatcher | None] | None) -> bool:
+    """Whether kernels.cpu_sample can do the whole step: CPU logits, every row greedy with
+    nothing that changes its logits (bias, penalties, grammar) and no top logprobs asked."""
+    return (logits.device.type == "cpu" and logits.stride(1) == 1
+            and logits.dtype in (torch.float32, torch.bfloat16)
+            and (grammars is None or all(g is None for g in grammars))
+            and all(p.is_greedy and p.logprobs is None and not p.logit_bias
+                    and not p.has_penalties for p in params)
+            and cpu_sample.available())
 
 
 def token_logprobs(logits: Tensor, token_ids: Tensor, params: list[SamplingParams],
