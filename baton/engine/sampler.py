@@ -99,11 +99,21 @@ def _native_greedy(logits: Tensor, params: list[SamplingParams],
             and cpu_sample.available())
 
 
+def _logsumexp(logits: Tensor) -> Tensor:
+    """logsumexp of each row of logits [N, V] → [N] float32: on CPU kernels.cpu_sample's (the
+    native greedy path's own sum), so a row's logprobs do not depend on which path its batch
+    took; torch's elsewhere."""
+    if (logits.device.type == "cpu" and logits.stride(1) == 1 and logits.shape[0] > 0
+            and logits.dtype in (torch.float32, torch.bfloat16) and cpu_sample.available()):
+        return cpu_sample.greedy_lse(logits)[1]
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
 def token_logprobs(logits: Tensor, token_ids: Tensor, params: list[SamplingParams],
                    row_lengths: tuple[int, ...] | None = None) -> SamplerOutput:
     """The SamplerOutput of chosen `token_ids` [N] under raw `logits` [N, V] (row i's
     `params[i]`): logprobs, and top logprobs and ranks if a row asked for logprobs."""
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
+    lse = _logsumexp(logits)[:, None]  # [N, 1]
     chosen = logits.gather(1, token_ids[:, None])
     logprobs = (chosen - lse).squeeze(1)
     top = _top_logprobs(logits, lse, params)
