@@ -15,8 +15,9 @@ module's). The same extension holds the fused fp32 / bf16 CPU decode ops of
 `kernels/cpu_decode.py` (rotary + KV write + paged attention over the block table, a bf16 cache
 read in place; add+RMSNorm; SiLU·mul), of `kernels/cpu_verify.py` (the same attention for
 decode rows of several query tokens), of `kernels/cpu_prefill.py` (bf16 causal prefill
-attention over the paged cache, AVX512_BF16) and of `kernels/cpu_sample.py` (greedy argmax and
-logsumexp per row of logits), each beside its torch reference.
+attention over the paged cache, AVX512_BF16), of `kernels/cpu_rope.py` (rotary + KV write of
+a prefill step's rows) and of `kernels/cpu_sample.py` (greedy argmax and logsumexp per row of
+logits), each beside its torch reference.
 
 This is a leaf package: it imports nothing of Baton's. Hugging Face has an unrelated optional
 package also imported as `kernels`; transformers accepts it only at versions in [0.18.2, 0.19.0),

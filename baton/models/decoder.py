@@ -15,7 +15,9 @@ rotary + KV write + paged attention as one native call (`kernels.cpu_decode`, K/
 through the block table; `kernels.cpu_verify` when some decode row carries drafted tokens),
 and each residual add + RMSNorm and the SiLU·mul as one call each, in fp32 or bf16 (a bf16 KV
 cache read in place, fp32 softmax; see kernels/cpu_decode.py). Other CPU steps first build a
-`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer): after a
+`kernels.paged_cpu.PagedAttentionPlan` (every cache index derived once, not per layer; in bf16
+with those native ops, each layer's rotary + KV write is one native call too, `kernels.cpu_rope`,
+with the torch ops' bits, and the prefill attention `kernels.cpu_prefill`'s): after a
 layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
 40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
 weight reads.
@@ -36,7 +38,7 @@ from safetensors.torch import load_file
 
 import kernels
 from baton.models.linear import Linear, use_native_gemv
-from kernels import cpu_decode, cpu_verify
+from kernels import cpu_decode, cpu_rope, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
 
@@ -236,6 +238,8 @@ class DecoderModel:
                   and not kv_cache.is_cuda)
         if native:
             x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
+            # rotary + K/V write in one native call a layer (kernels/cpu_rope.py, same bits)
+            rope_args = (positions.long().contiguous(), meta.slot_mapping.long().contiguous())
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
                 self.layer_hook()
@@ -244,16 +248,23 @@ class DecoderModel:
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            qk, v = qkv.view(-1, s.num_heads + 2 * s.num_kv_heads, s.head_size).split(
-                [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [T, Hq+Hkv, D], [T, Hkv, D]
-            if layer.q_norm is not None:
-                qk = torch.cat([_rms_norm(qk[:, :s.num_heads], layer.q_norm, self.eps),
-                                _rms_norm(qk[:, s.num_heads:], layer.k_norm, self.eps)], 1)
-            q, k = _rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)
-            if plan is not None:
-                attn = self._attention_cpu(plan, kv_rows, i, q, k, v)
+            if native and plan is not None:
+                q = cpu_rope.rope_write(qkv, self._cos, self._sin_signed, rope_args[0], kv_cache,
+                                        i, rope_args[1], s.num_heads)
+                attn = self._attend_cpu(plan, kv_rows, i, q)
             else:
-                attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
+                # [T, Hq+Hkv, D], [T, Hkv, D]
+                qk, v = qkv.view(-1, s.num_heads + 2 * s.num_kv_heads, s.head_size).split(
+                    [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)
+                if layer.q_norm is not None:
+                    qk = torch.cat([_rms_norm(qk[:, :s.num_heads], layer.q_norm, self.eps),
+                                    _rms_norm(qk[:, s.num_heads:], layer.k_norm, self.eps)], 1)
+                q, k = _rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)
+                if plan is not None:
+                    plan.write_kv(kv_rows, i, k, v)
+                    attn = self._attend_cpu(plan, kv_rows, i, q)
+                else:
+                    attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
             if native:
                 x = cpu_decode.add_rms_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm,
                                             self.eps)
@@ -320,9 +331,9 @@ class DecoderModel:
                 meta.prefill_query_start_loc, meta.prefill_seq_lens, self.scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _attention_cpu(self, plan: PagedAttentionPlan, kv_rows: torch.Tensor, layer: int,
-                       q, k, v) -> torch.Tensor:
-        plan.write_kv(kv_rows, layer, k, v)
+    def _attend_cpu(self, plan: PagedAttentionPlan, kv_rows: torch.Tensor, layer: int,
+                    q: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D] over the cache (this step's K/V already written) → [T, Hq, D]."""
         td = plan.num_decode_tokens
         if td == q.shape[0]:
             return plan.decode_attention(kv_rows, layer, q, self.scale)

@@ -247,6 +247,7 @@ void register_cpu_norm(pybind11::module& m);    // cpu_norm.cpp
 void register_cpu_verify(pybind11::module& m);  // cpu_verify.cpp
 void register_cpu_prefill(pybind11::module& m); // cpu_prefill.cpp
 void register_cpu_sample(pybind11::module& m);  // cpu_sample.cpp
+void register_cpu_rope(pybind11::module& m);    // cpu_rope.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_out", &gemv_out, "out[B, O] = x[B, K] @ w[O, K].T (fp32, CPU)");
@@ -256,4 +257,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_cpu_verify(m);
   register_cpu_sample(m);
   register_cpu_prefill(m);
+  register_cpu_rope(m);
 }
