@@ -127,6 +127,25 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
     return out
 
 
+def decode_attend(query: torch.Tensor, kv_cache: torch.Tensor, layer: int,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                  isa: int = ISA_BEST) -> torch.Tensor:
+    """`decode_attention`'s attention alone (reference: `attend_ref`): query [T, Hq, D] already
+    rotated, the step's K/V already in the cache (a decode row of a step that also prefills,
+    whose rotary and KV write ran for all its rows: kernels.cpu_rope). A token's output is the
+    same bits as `decode_attention` gives it from the unrotated row. block_tables [T, max_blocks]
+    and context_lens [T]: contiguous int32. RuntimeError on a bad shape, dtype or index, or
+    without the extension."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU ops are unavailable (see the log)")
+    t, hq, d = query.shape
+    out = torch.empty(t, hq * d, dtype=kv_cache.dtype)
+    ext.decode_attend_out(query.reshape(t, hq * d), kv_cache, layer, block_tables, context_lens,
+                          scale, out, isa)
+    return out.view(t, hq, d)
+
+
 def add_rms_norm_ref(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
                      eps: float) -> torch.Tensor:
     """Torch reference: h += r in place (if r is given), then transformers' LlamaRMSNorm of h

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_prefill
+from kernels import cpu_decode, cpu_prefill
 
 
 class PagedAttentionPlan:
@@ -71,7 +71,10 @@ class PagedAttentionPlan:
         # decode: [L, 2·Bd·N] rows of each sequence's first N positions, N = longest context
         self.num_decode_tokens = num_decode_tokens
         self._multi = None  # speculative rows: (Q, their tokens' places in [Bd·Q], allowed)
+        self._native_decode = None  # decided on the first decode_attention call
         if num_decode_tokens:
+            self._decode_tables = decode_block_tables.int().contiguous()
+            self._decode_lens = decode_context_lens.int().contiguous()
             lens = decode_context_lens.long()
             n = int(lens.max())
             pos = torch.arange(n)
@@ -122,13 +125,22 @@ class PagedAttentionPlan:
     def decode_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
                          scale: float) -> torch.Tensor:
         """query `[Td, Hq, D]` → `[Td, Hq, D]`; same math as `paged_decode_attention_ref`.
+        One query token a row, fp32 or bf16 where `kernels.cpu_decode.use_fused`: that module's
+        native attention, in place (a row's bits as in a decode-only step's fused op, whatever
+        else the step holds). Otherwise torch's SDPA over the gathered contexts:
 
         The GQA group rides in SDPA's query-length dimension ([Bd, Hkv, group, D]), so K/V are
         never repeated per query head; a speculative row's tokens ride there too (padded to
         the longest row, [Bd, Hkv, group·Q, D], masked causally)."""
+        t, hq, d = query.shape
+        if self._native_decode is None:
+            self._native_decode = (self._multi is None and cpu_decode.use_fused(query.dtype)
+                                   and cpu_decode.supported(kv_rows.view(self._kv_shape), hq))
+        if self._native_decode:  # kernels/cpu_decode.py: in place, as a decode-only step's
+            return cpu_decode.decode_attend(query.contiguous(), kv_rows.view(self._kv_shape),
+                                            layer, self._decode_tables, self._decode_lens, scale)
         k, v = kv_rows.index_select(0, self._decode_rows[layer]).view(
             self._decode_shape).transpose(2, 3).unbind()  # [Bd, Hkv, N, D] each
-        t, hq, d = query.shape
         hkv, g = self.num_kv_heads, hq // self.num_kv_heads
         if self._multi is None:
             q = query.reshape(t, hkv, g, d)

@@ -131,3 +131,34 @@ def test_bf16_decode_step_is_batch_invariant(tiny_llama):
     for i, row in enumerate(rows):
         assert torch.equal(_step(model, kv.clone(), [row], 16)[0], together[i]), f"row {i}"
     assert torch.equal(_step(model, kv.clone(), rows[2:5], 16), together[2:5])
+
+
+def test_decode_row_beside_a_prefill_gets_its_decode_only_bits(tiny_qwen2):
+    """A bf16 decode row in a step that also prefills another sequence gets the logits it gets
+    in a decode-only step, bit for bit, while the step stays within the native GEMV's rows (32
+    here): its attention is the same native op either way (torch's batched SDPA was another
+    summation order), norms, SiLU and rotary the same roundings. (A bigger step's GEMMs are
+    oneDNN's, another order; fp32 steps above 16 rows too.)"""
+    from baton.models.decoder import AttentionMetadata
+
+    llm = LLM(str(tiny_qwen2), dtype="bfloat16", block_size=16, num_blocks=64)
+    model = llm.engine.model
+    assert model.fused_decode
+    g = torch.Generator().manual_seed(0)
+    kv = (torch.randn(64, *llm.engine.runner.kv_cache.shape[1:], generator=g) * 0.5).bfloat16()
+    rows = [(7, 40, [0, 1, 2]), (9, 17, [3, 4])]  # (token, position, block table)
+    alone = _step(model, kv.clone(), rows, 16)
+    n = 30  # a prompt chunk of another sequence in blocks 10, 11
+    tables = torch.tensor([t + [0] * (3 - len(t)) for _, _, t in rows], dtype=torch.int32)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([t[p // 16] * 16 + p % 16 for _, p, t in rows]
+                                  + list(range(160, 160 + n))),
+        num_decode_tokens=len(rows), decode_block_tables=tables,
+        decode_context_lens=torch.tensor([p + 1 for _, p, _ in rows], dtype=torch.int32),
+        prefill_block_tables=torch.tensor([[10, 11]], dtype=torch.int32),
+        prefill_query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        prefill_seq_lens=torch.tensor([n], dtype=torch.int32))
+    ids = torch.tensor([r[0] for r in rows] + list(range(3, 3 + n)))
+    pos = torch.tensor([r[1] for r in rows] + list(range(n)))
+    mixed = model.compute_logits(model.forward(ids, pos, meta, kv.clone()))
+    assert torch.equal(mixed[:len(rows)], alone)

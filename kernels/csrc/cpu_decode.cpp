@@ -237,16 +237,33 @@ void run(const Attn<T>& a, int64_t T_, int64_t max_len, bool simd) {
   });
 }
 
+// decode_attend_out's items: token t's rotated q (T, widened), then run()'s attention.
 template <typename T>
-void launch(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+void run_attend(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
+  at::parallel_for(0, T_, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> q(a.Hq * a.D), p(a.Hq * max_len);
+    std::vector<const T*> rows(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t i = 0; i < a.Hq * a.D; ++i) q[i] = static_cast<float>(query[t * a.Hq * a.D + i]);
+      k_rows(a, t, rows.data());
+#ifdef BATON_X86
+      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
+#endif
+      attend_scalar(a, t, q.data(), rows.data(), p.data());
+    }
+  });
+}
+
+// qkv null: attend only, over the rotated `query` [T_, Hq·D] (decode_attend_out).
+template <typename T>
+void launch(const T* qkv, int64_t ldqkv, const T* query, int64_t T_, const T* cos, const T* sin,
             const int64_t* pos, torch::Tensor& kv_cache, int64_t layer, const int64_t* slots,
             const int32_t* tab, int64_t MB, const int32_t* lens, double scale, int64_t Hq,
             torch::Tensor& out, int64_t max_len, int64_t isa) {
   const int64_t D = kv_cache.size(5);
-  Attn<T> a{qkv.data_ptr<T>(), qkv.size(1), cos.data_ptr<T>(), sin.data_ptr<T>(), pos,
-            kv_cache.data_ptr<T>(), layer, kv_cache.size(1), kv_cache.size(3), Hq,
-            kv_cache.size(4), D, slots, tab, MB, lens, static_cast<float>(scale),
-            out.data_ptr<T>()};
+  Attn<T> a{qkv, ldqkv, cos, sin, pos, kv_cache.data_ptr<T>(), layer, kv_cache.size(1),
+            kv_cache.size(3), Hq, kv_cache.size(4), D, slots, tab, MB, lens,
+            static_cast<float>(scale), out.data_ptr<T>()};
   const bool simd = use_avx512(isa) && D % 16 == 0 && Hq <= 64;
 #ifdef BATON_X86
   static const bool has_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
@@ -256,7 +273,24 @@ void launch(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Ten
   a.dot = std::is_same_v<T, baton::bf16> && simd && isa == 0 && has_dot && D % 32 == 0 &&
           D <= 512 && Hq / a.Hkv <= 8;
 #endif
-  run(a, qkv.size(0), max_len, simd);
+  if (qkv == nullptr)
+    run_attend(a, query, T_, max_len, simd);
+  else
+    run(a, T_, max_len, simd);
+}
+
+// Every context length and block id the T tokens follow (RuntimeError on a bad one); returns
+// the longest context.
+int64_t check_tables(const int32_t* lens, const int32_t* tab, int64_t T, int64_t MB, int64_t BS,
+                     int64_t NB) {
+  int64_t max_len = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(1 <= lens[t] && lens[t] <= MB * BS, "cpu_decode: context length out of range");
+    for (int64_t b = 0; b < (lens[t] + BS - 1) / BS; ++b)
+      TORCH_CHECK(0 <= tab[t * MB + b] && tab[t * MB + b] < NB, "cpu_decode: block id out of range");
+    max_len = std::max<int64_t>(max_len, lens[t]);
+  }
+  return max_len;
 }
 
 }  // namespace
@@ -291,23 +325,57 @@ void decode_attention_out(const torch::Tensor& qkv, const torch::Tensor& cos, co
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* tab = block_tables.data_ptr<int32_t>();
-  int64_t max_len = 1;
   for (int64_t t = 0; t < T; ++t) {  // every index this call follows is checked here
     TORCH_CHECK(0 <= pos[t] && pos[t] < cos.size(0), "cpu_decode: position past the rope table");
     TORCH_CHECK(slots[t] < NB * BS, "cpu_decode: slot past the cache");
-    TORCH_CHECK(1 <= lens[t] && lens[t] <= MB * BS, "cpu_decode: context length out of range");
-    for (int64_t b = 0; b < (lens[t] + BS - 1) / BS; ++b)
-      TORCH_CHECK(0 <= tab[t * MB + b] && tab[t * MB + b] < NB, "cpu_decode: block id out of range");
-    max_len = std::max<int64_t>(max_len, lens[t]);
   }
+  const int64_t max_len = check_tables(lens, tab, T, MB, BS, NB);
   if (dtype == at::kFloat)
-    launch<float>(qkv, cos, sin, pos, kv_cache, layer, slots, tab, MB, lens, scale, Hq, out, max_len, isa);
+    launch<float>(qkv.data_ptr<float>(), qkv.size(1), nullptr, T, cos.data_ptr<float>(),
+                  sin.data_ptr<float>(), pos, kv_cache, layer, slots, tab, MB, lens, scale, Hq,
+                  out, max_len, isa);
   else
-    launch<baton::bf16>(qkv, cos, sin, pos, kv_cache, layer, slots, tab, MB, lens, scale, Hq, out,
-                        max_len, isa);
+    launch<baton::bf16>(qkv.data_ptr<baton::bf16>(), qkv.size(1), nullptr, T,
+                        cos.data_ptr<baton::bf16>(), sin.data_ptr<baton::bf16>(), pos, kv_cache,
+                        layer, slots, tab, MB, lens, scale, Hq, out, max_len, isa);
+}
+
+// Shapes in kernels/cpu_decode.py (decode_attend): decode_attention_out's attention alone, over
+// query [T, Hq·D] already rotated, the cache already written.
+void decode_attend_out(const torch::Tensor& query, torch::Tensor& kv_cache, int64_t layer,
+                       const torch::Tensor& block_tables, const torch::Tensor& context_lens,
+                       double scale, torch::Tensor& out, int64_t isa) {
+  const at::ScalarType dtype = kv_cache.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "cpu_decode: fp32 or bf16 only");
+  check_float(query, dtype, "query"); check_float(out, dtype, "out");
+  check_float(kv_cache, dtype, "kv_cache");
+  TORCH_CHECK(kv_cache.dim() == 6, "cpu_decode: kv_cache must be [NB, L, 2, BS, Hkv, D]");
+  const int64_t T = query.size(0), Hkv = kv_cache.size(4), D = kv_cache.size(5);
+  TORCH_CHECK(query.dim() == 2 && query.size(1) % D == 0, "cpu_decode: query must be [T, Hq·D]");
+  const int64_t Hq = query.size(1) / D;
+  TORCH_CHECK(Hq % Hkv == 0 && Hq / Hkv <= 8 && D % 2 == 0 && D <= 512,
+              "cpu_decode: need Hq = g·Hkv, g <= 8, even D <= 512");
+  TORCH_CHECK(out.sizes() == query.sizes(), "cpu_decode: out shape");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+              block_tables.is_contiguous() && context_lens.is_contiguous() &&
+              context_lens.numel() == T && block_tables.dim() == 2 && block_tables.size(0) == T,
+              "cpu_decode: block_tables/context_lens int32, contiguous, one row per token");
+  TORCH_CHECK(0 <= layer && layer < kv_cache.size(1), "cpu_decode: layer out of range");
+  const int64_t NB = kv_cache.size(0), BS = kv_cache.size(3), MB = block_tables.size(1);
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tab = block_tables.data_ptr<int32_t>();
+  const int64_t max_len = check_tables(lens, tab, T, MB, BS, NB);
+  if (dtype == at::kFloat)
+    launch<float>(nullptr, 0, query.data_ptr<float>(), T, nullptr, nullptr, nullptr, kv_cache,
+                  layer, nullptr, tab, MB, lens, scale, Hq, out, max_len, isa);
+  else
+    launch<baton::bf16>(nullptr, 0, query.data_ptr<baton::bf16>(), T, nullptr, nullptr, nullptr,
+                        kv_cache, layer, nullptr, tab, MB, lens, scale, Hq, out, max_len, isa);
 }
 
 void register_cpu_decode(pybind11::module& m) {
   m.def("decode_attention_out", &decode_attention_out,
         "rotary + KV write + paged decode attention, fp32/bf16 CPU (kernels/cpu_decode.py)");
+  m.def("decode_attend_out", &decode_attend_out,
+        "paged decode attention of rotated queries, fp32/bf16 CPU (kernels/cpu_decode.py)");
 }

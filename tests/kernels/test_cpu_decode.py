@@ -134,3 +134,39 @@ def test_norm_ops_reject_wrong_shapes() -> None:
         cd.add_rms_norm(torch.ones(2, 8), torch.ones(2, 7), torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match="cpu_norm"):
         cd.silu_mul(torch.ones(2, 7))
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,hq,hkv,d", [([17, 250, 5, 64, 33, 1, 16, 129], 9, 3, 64),
+                                           ([40, 3], 4, 4, 32), ([23], 8, 1, 6)])
+def test_attend_alone_gives_the_fused_ops_bits(isa, dtype, lens, hq, hkv, d) -> None:
+    """decode_attend over q rotated (and K/V written) by the torch ops gives each token the
+    same bits as decode_attention does from the unrotated row (a decode row of a step that
+    also prefills is what it would be in a decode-only step)."""
+    from kernels.cpu_rope import rope_write_ref
+
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _case_as(dtype, lens, hq, hkv, d)
+    fused_cache, scale = cache.clone(), d ** -0.5
+    want = cd.decode_attention(qkv, cos, sin, pos, fused_cache, 1, slots, tables, ctx, scale, hq,
+                               isa)
+    q = rope_write_ref(qkv, cos, sin, pos, cache, 1, slots, hq)
+    assert torch.equal(cache, fused_cache)
+    got = cd.decode_attend(q.contiguous(), cache, 1, tables, ctx, scale, isa)
+    assert got.shape == (len(lens), hq, d) and torch.equal(got.view(len(lens), -1), want)
+
+
+@needs_native
+def test_attend_alone_rejects_bad_input() -> None:
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _case([20, 7], 4, 2, 32)
+    q = torch.randn(2, 4, 32)
+    bad_table = tables.clone()
+    bad_table[0, 0] = cache.shape[0]
+    for args, match in [((q, cache, 0, bad_table, ctx), "block id"),
+                        ((q, cache, 3, tables, ctx), "layer"),
+                        ((q.bfloat16(), cache, 0, tables, ctx), "dtype"),
+                        ((q, cache, 0, tables, ctx + 100), "context length"),
+                        ((torch.randn(2, 3, 32), cache, 0, tables, ctx), "Hq = g")]:
+        with pytest.raises(RuntimeError, match=match):
+            cd.decode_attend(*args, scale=0.2)
