@@ -160,6 +160,13 @@ def _load():
     return _ext
 
 
+def extension():
+    """The built extension module (compiled on the first call), or None where it cannot be
+    built; callers that call its kernels directly (baton/models/linear.py) skip `gemv`'s
+    Python checks, and the extension checks its inputs itself."""
+    return _load()
+
+
 def gemv_available() -> bool:
     """True once the native extension is built and imported (builds it on the first call)."""
     return _load() is not None
