@@ -17,7 +17,12 @@
 The prefill worker's queue is its last GetStats answer (PrefillPeers caches it: remote
 prefills poll it for progress anyway), drained by the remote rate for its age; an answer
 older than STATS_MAX_AGE_S asks for a fresh one in the background (no decision waits on a
-call), and no answer yet reads as an empty queue (unknown is not saturated).
+call), and no answer yet reads as an empty queue (unknown is not saturated). It is never
+taken below the uncached tokens this worker itself has sent that peer and not yet had
+answered (`sent` / `done`): a burst of requests is decided within milliseconds, before any
+answer can count the ones just sent, and each read the peer as idle (8 cold 242-token
+prompts at once on the default cluster: all 8 went remote, "long_prompt", and were
+prefilled one after the other while decode had nothing to do).
 
 The prefill rates each path is priced with are the ones its engine measures per step
 (baton/engine/prefill_rate.py: prompt tokens over step time, median of recent steps; the
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATS_MAX_AGE_S = 0.5
+SENT_MAX_AGE_S = 300.0  # a sent prefill still unanswered after this no longer counts
 REMOTE_RATE, TRANSFER_RATE = "remote_prefill_tokens_per_second", "transfer_bytes_per_second"
 
 
@@ -67,6 +73,8 @@ class PDChooser:
                                remote_stall_fraction=remote_stall_fraction)
         self.block_bytes = block_bytes(peers.layout)
         self.estimator = PDEstimator()
+        # peer address → {request id: (uncached tokens, monotonic time sent)}
+        self._sent: dict[str, dict[str, tuple[int, float]]] = {}
         peers.watch_epochs(self.new_epoch)
 
     def request(self, peer: PrefillPeer, min_remote_tokens: int | None) -> PDRequest:
@@ -88,13 +96,25 @@ class PDChooser:
 
     def prefill_queue(self, peer: PrefillPeer, rate: float) -> int:
         """The peer's num_waiting_tokens now: its last answer, less what it computed since
-        at `rate` tokens/s."""
+        at `rate` tokens/s, and at least what this worker has sent it unanswered."""
         load, now = self.peers.load(peer.address), time.monotonic()
         if load is None or now - load.at > STATS_MAX_AGE_S:
             self.peers.refresh_load(peer, self.stats_timeout_s)
+        sent = self._sent.get(peer.address, {})
+        for rid in [r for r, (_, at) in sent.items() if now - at > SENT_MAX_AGE_S]:
+            del sent[rid]  # a call that never reported its end (a task cancelled unstarted)
+        mine = sum(tokens for tokens, _ in sent.values())
         if load is None:
-            return 0
-        return max(0, int(load.num_waiting_tokens - (now - load.at) * rate))
+            return mine
+        return max(mine, int(load.num_waiting_tokens - (now - load.at) * rate))
+
+    def sent(self, address: str, request_id: str, tokens: int) -> None:
+        """A remote prefill of `tokens` uncached tokens went to the peer at `address`."""
+        self._sent.setdefault(address, {})[request_id] = (max(0, tokens), time.monotonic())
+
+    def done(self, address: str, request_id: str) -> None:
+        """That remote prefill ended, whatever its outcome."""
+        self._sent.get(address, {}).pop(request_id, None)
 
     def record(self, pd: PDRequest, d: PDDecision | None, planned: bool,
                request_id: str) -> None:

@@ -153,6 +153,8 @@ class DecodeSequence:
         plan, self.engine_request, decision = await self.engine.call(
             lambda e: rkv.add(rid, prompt, params, pd=pd, session=self.session))
         self.ctx.pd.record(pd, decision, plan is not None, rid)
+        if plan is not None:  # counted in the peer's queue until answered (_remote_phase)
+            self.ctx.pd.sent(peer.address, rid, len(prompt) - plan.num_cached_tokens)
         return plan
 
     def end_unadmitted(self, reason: str, error: str | None) -> None:
@@ -177,6 +179,7 @@ class DecodeSequence:
                                   deadline=time.monotonic() + ctx.config.prefill_max_seconds)
         finally:
             ctx.metrics.remote_inflight.dec()
+            ctx.pd.done(peer.address, self.seq_id)
         self.remote = result
         peer = result.peer or peer  # the process it ended on (a restarted one, maybe)
         if result.response is not None and \

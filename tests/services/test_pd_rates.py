@@ -11,7 +11,7 @@ import pytest
 
 from baton.pd_cost import PRIOR_PREFILL_TOKENS_PER_S, PRIOR_TRANSFER_BYTES_PER_S
 from decode_service.metrics import DecodeMetrics
-from decode_service.pd_choice import PDChooser
+from decode_service.pd_choice import SENT_MAX_AGE_S, PDChooser
 from decode_service.pd_rates import OUTLIER_FACTOR, Ewma, PDEstimator
 from decode_service.peers import PeerLoad, PrefillPeer, PrefillPeers
 from protos import common_pb2, prefill_pb2
@@ -145,3 +145,27 @@ def test_the_remote_path_is_priced_with_the_rate_the_peer_measures_per_step():
     assert int(1000 - (after - answered) * 400) <= req.prefill_waiting_tokens \
         <= int(1000 - (before - answered) * 400)
     assert req.prefill_waiting_tokens <= 900
+
+
+def test_the_peer_queue_counts_what_this_worker_sent_it_unanswered():
+    """A burst is decided before any GetStats answer can count the requests just sent: the
+    queue estimate is at least the uncached tokens sent and not yet answered, and an answer
+    that counts more wins; an ended call stops counting, a stale entry expires."""
+    pd, peers, _ = _chooser()
+    peer = PrefillPeer("p:1", stub=None, worker_id="p:1", kv_epoch=7)
+
+    def answer(waiting: int) -> int:  # a fresh GetStats answer, then the estimate
+        peers._loads["p:1"] = PeerLoad(time.monotonic(), 0, 0, waiting, 0, 0.0, 7,
+                                       prefill_tokens_per_s=1e-9)
+        return pd.request(peer, None).prefill_waiting_tokens
+
+    assert answer(0) == 0
+    pd.sent("p:1", "a", 242)
+    pd.sent("p:1", "b", 300)
+    pd.sent("p:2", "c", 1000)  # another peer's
+    assert answer(0) == 542
+    assert answer(5000) == 5000
+    pd.done("p:1", "a")
+    assert answer(0) == 300
+    pd._sent["p:1"]["b"] = (300, time.monotonic() - SENT_MAX_AGE_S - 1)
+    assert answer(0) == 0
