@@ -6,7 +6,9 @@ prompt, the greedy tokens agree at every position up to the first divergence; at
 each side's token is in the other's top-5 at that position, and the check stops there. 24 prompts
 of 1 to 60 tokens, 12 greedy tokens each, on the path a bf16 CPU model takes (torch's bf16 GEMM
 for prefill; for decode the native bf16 GEMV and, without per-head q/k norms, the fused native
-decode ops, scalar variants on a CPU without AVX-512F) and with torch's decode ops instead.
+decode ops, scalar variants on a CPU without AVX-512F) and with torch's ops for the decode
+steps' norms, rotary and SiLU instead (their attention is the native decode op either way:
+`PagedAttentionPlan.decode_attention` takes it wherever `cpu_decode.use_fused` holds).
 """
 from __future__ import annotations
 
