@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import gemv as _gemv
+from kernels.cpu_rope import rope_write_ref
 
 ISA_BEST, ISA_SCALAR, ISA_AVX512 = 0, 1, 3
 
@@ -57,28 +58,14 @@ def use_fused(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and fast_available()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
-
-
 def decode_attention_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                          positions: torch.Tensor, kv_cache: torch.Tensor, layer: int,
                          slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                          context_lens: torch.Tensor, scale: float, num_heads: int) -> torch.Tensor:
-    """Torch reference (shapes in the module docstring): rotate, write K/V, then each token's SDPA
-    over its gathered context. Writes `kv_cache` in place like the native op."""
-    _, _, _, bs, hkv, d = kv_cache.shape
-    t = qkv.shape[0]
-    heads = qkv.view(t, num_heads + 2 * hkv, d)
-    c, s = cos[positions][:, None], sin_signed[positions][:, None]
-    q = _rotate(heads[:, :num_heads], c, s)
-    k = _rotate(heads[:, num_heads:num_heads + hkv], c, s)
-    v = heads[:, num_heads + hkv:]
-    for i in range(t):
-        slot = int(slot_mapping[i])
-        if slot >= 0:
-            kv_cache[slot // bs, layer, 0, slot % bs] = k[i]
-            kv_cache[slot // bs, layer, 1, slot % bs] = v[i]
+    """Torch reference (shapes in the module docstring): rotate, write K/V
+    (`kernels.cpu_rope.rope_write_ref`), then each token's SDPA over its gathered context.
+    Writes `kv_cache` in place like the native op."""
+    q = rope_write_ref(qkv, cos, sin_signed, positions, kv_cache, layer, slot_mapping, num_heads)
     return attend_ref(q, kv_cache, layer, block_tables, context_lens, scale)
 
 

@@ -26,7 +26,9 @@ def available() -> bool:
     return _gemv._load() is not None
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """The decoder's rotary in torch ops (decoder._rotate): x [T, H, D], cos / sin_signed
+    [T, 1, D] → x·cos + roll(x, D/2)·sin_signed, each op rounded to x's dtype."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
@@ -39,7 +41,7 @@ def rope_write_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     t = qkv.shape[0]
     heads = qkv.view(t, num_heads + 2 * hkv, d)
     c, s = cos[positions][:, None], sin_signed[positions][:, None]
-    q, k = _rotate(heads[:, :num_heads + hkv], c, s).split([num_heads, hkv], dim=1)
+    q, k = rotate_ref(heads[:, :num_heads + hkv], c, s).split([num_heads, hkv], dim=1)
     v = heads[:, num_heads + hkv:]
     for i in range(t):
         slot = int(slot_mapping[i])

@@ -58,36 +58,19 @@ class PagedAttentionPlan:
         self._block_rows = num_layers * 2 * block_size  # rows per block, all layers
         layer_offsets = torch.arange(num_layers, dtype=torch.int64)[:, None] * (2 * block_size)
 
-        # write: [L, 2·Tk] rows, K rows then V rows of the kept tokens
-        keep = slot_mapping >= 0
-        self._write_src = None
-        slots = slot_mapping
-        if not bool(keep.all()):
-            self._write_src = keep.nonzero().squeeze(1)
-            slots = slot_mapping[self._write_src]
-        base = self._rows(slots)
-        self._write_rows = (torch.cat([base, base + block_size])[None] + layer_offsets).unbind()
+        # write: [L, 2·Tk] rows, K rows then V rows of the kept tokens, on the first write_kv
+        # (a bf16 step with the native ops writes through kernels.cpu_rope instead)
+        self._slot_mapping = slot_mapping
+        self._write = None  # (source rows or None for all, rows per layer)
 
-        # decode: [L, 2·Bd·N] rows of each sequence's first N positions, N = longest context
+        # decode: the native op's tables; the torch path's indices on its first use
         self.num_decode_tokens = num_decode_tokens
-        self._multi = None  # speculative rows: (Q, their tokens' places in [Bd·Q], allowed)
+        self._decode_query_start_loc = decode_query_start_loc  # speculative rows when given
         self._native_decode = None  # decided on the first decode_attention call
+        self._decode_torch = None  # (rows per layer, shape, mask, multi): _decode_plan()
         if num_decode_tokens:
             self._decode_tables = decode_block_tables.int().contiguous()
             self._decode_lens = decode_context_lens.int().contiguous()
-            lens = decode_context_lens.long()
-            n = int(lens.max())
-            pos = torch.arange(n)
-            rows = self._table_rows(decode_block_tables, lens, pos)  # [Bd, N]
-            self._decode_shape = (2, len(lens), n, num_kv_heads, head_size)
-            self._decode_rows = (torch.stack([rows, rows + block_size]).flatten()[None]
-                                 + layer_offsets).unbind()
-            # keys past a sequence's length are masked; no mask when every length is N
-            self._decode_mask = None
-            if decode_query_start_loc is not None:
-                self._multi = _multi_token_rows(lens, decode_query_start_loc, pos)
-            elif bool((lens != n).any()):
-                self._decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
 
         # prefill: each sequence's (q0, q1, block table, seq_len); the torch path's gather
         # rows are derived on its first use (the native bf16 op reads the cache in place)
@@ -102,6 +85,27 @@ class PagedAttentionPlan:
                                                prefill_block_tables[s], seq_len))
         self._prefill = None  # torch path: (q0, q1, n0, n1, mask or None for plain causal)
         self._native_prefill = None  # decided on the first prefill_attention call
+
+    def _decode_plan(self) -> tuple:
+        """The torch path's decode indices: [L, 2·Bd·N] rows of each sequence's first N
+        positions (N = the longest context), the gathered shape, the mask of keys past a
+        sequence's length (None when every length is N), and the speculative rows' layout
+        (`_multi_token_rows`, None without such rows)."""
+        if self._decode_torch is None:
+            lens = self._decode_lens.long()
+            n = int(lens.max())
+            pos = torch.arange(n)
+            rows = self._table_rows(self._decode_tables, lens, pos)  # [Bd, N]
+            shape = (2, len(lens), n, self.num_kv_heads, self.head_size)
+            rows = (torch.stack([rows, rows + self._bs]).flatten()[None]
+                    + self._layer_offsets).unbind()
+            mask = multi = None
+            if self._decode_query_start_loc is not None:
+                multi = _multi_token_rows(lens, self._decode_query_start_loc, pos)
+            elif bool((lens != n).any()):
+                mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+            self._decode_torch = (rows, shape, mask, multi)
+        return self._decode_torch
 
     def _rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Layer-0 K row of each slot."""
@@ -118,9 +122,19 @@ class PagedAttentionPlan:
     def write_kv(self, kv_rows: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """Write this step's key/value `[T, H, D]` of `layer` into `kv_rows` (the cache as rows
         `[num_blocks·L·2·block_size, H, D]`, a view), in place. Same result as `write_kv_ref`."""
-        if self._write_src is not None:
-            key, value = key[self._write_src], value[self._write_src]
-        kv_rows.index_copy_(0, self._write_rows[layer], torch.cat([key, value]))
+        if self._write is None:
+            slots, src = self._slot_mapping, None
+            keep = slots >= 0
+            if not bool(keep.all()):
+                src = keep.nonzero().squeeze(1)
+                slots = slots[src]
+            base = self._rows(slots)
+            self._write = (src, (torch.cat([base, base + self._bs])[None]
+                                 + self._layer_offsets).unbind())
+        src, rows = self._write
+        if src is not None:
+            key, value = key[src], value[src]
+        kv_rows.index_copy_(0, rows[layer], torch.cat([key, value]))
 
     def decode_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
                          scale: float) -> torch.Tensor:
@@ -134,19 +148,20 @@ class PagedAttentionPlan:
         the longest row, [Bd, Hkv, group·Q, D], masked causally)."""
         t, hq, d = query.shape
         if self._native_decode is None:
-            self._native_decode = (self._multi is None and cpu_decode.use_fused(query.dtype)
+            self._native_decode = (self._decode_query_start_loc is None
+                                   and cpu_decode.use_fused(query.dtype)
                                    and cpu_decode.supported(kv_rows.view(self._kv_shape), hq))
         if self._native_decode:  # kernels/cpu_decode.py: in place, as a decode-only step's
             return cpu_decode.decode_attend(query.contiguous(), kv_rows.view(self._kv_shape),
                                             layer, self._decode_tables, self._decode_lens, scale)
-        k, v = kv_rows.index_select(0, self._decode_rows[layer]).view(
-            self._decode_shape).transpose(2, 3).unbind()  # [Bd, Hkv, N, D] each
-        hkv, g = self.num_kv_heads, hq // self.num_kv_heads
-        if self._multi is None:
+        rows, shape, mask, multi = self._decode_plan()
+        k, v = kv_rows.index_select(0, rows[layer]).view(shape).transpose(2, 3).unbind()
+        hkv, g = self.num_kv_heads, hq // self.num_kv_heads  # k, v: [Bd, Hkv, N, D] each
+        if multi is None:
             q = query.reshape(t, hkv, g, d)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_mask, scale=scale)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             return out.reshape(t, hq, d)
-        nq, places, allowed = self._multi
+        nq, places, allowed = multi
         b = k.shape[0]
         padded = query.new_zeros(b * nq, hq, d).index_copy_(0, places, query)
         q = padded.view(b, nq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * nq, d)

@@ -223,7 +223,6 @@ class DecoderModel:
                      or cpu_verify.supported(kv_cache, s.num_heads))):
             return self._forward_decode_cpu(input_ids, positions, meta, kv_cache)
         h = self.embed[input_ids]
-        cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         q_width = s.num_heads * s.head_size
         plan = kv_rows = None
         if self.cpu_attention and not kv_cache.is_cuda:  # indices once per step, not per layer
@@ -238,8 +237,11 @@ class DecoderModel:
                   and not kv_cache.is_cuda)
         if native:
             x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
-            # rotary + K/V write in one native call a layer (kernels/cpu_rope.py, same bits)
+        native_rope = native and plan is not None
+        if native_rope:  # rotary + K/V write in one native call a layer (kernels/cpu_rope.py)
             rope_args = (positions.long().contiguous(), meta.slot_mapping.long().contiguous())
+        else:
+            cos, sin = self._cos[positions][:, None, :], self._sin_signed[positions][:, None, :]
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
                 self.layer_hook()
@@ -248,7 +250,7 @@ class DecoderModel:
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            if native and plan is not None:
+            if native_rope:
                 q = cpu_rope.rope_write(qkv, self._cos, self._sin_signed, rope_args[0], kv_cache,
                                         i, rope_args[1], s.num_heads)
                 attn = self._attend_cpu(plan, kv_rows, i, q)

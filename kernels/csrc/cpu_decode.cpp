@@ -242,36 +242,23 @@ inline void prefetch_context(const Attn<T>& a, int64_t t) {
 }
 
 // One work item per token t: it writes t's new slot, then reads only t's own sequence (one
-// decode token per sequence), so items may run on any thread in any order.
+// decode token per sequence), so items may run on any thread in any order. With `query`
+// (decode_attend_out; a.qkv null) t's q is that row, already rotated (widened; the cache is
+// already written): the same q values rotate_and_write would give, so the same bits.
 template <typename T>
-void run(const Attn<T>& a, int64_t T_, int64_t max_len, bool simd) {
+void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
   at::parallel_for(0, T_, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> q(a.Hq * a.D), p(a.Hq * max_len);
     std::vector<const T*> rows(max_len);
     if (t0 < t1) prefetch_context(a, t0);
     for (int64_t t = t0; t < t1; ++t) {
       if (t + 1 < t1) prefetch_context(a, t + 1);
-      for (int64_t h = 0; h < a.Hkv; ++h)
-        rotate_and_write(a, t, h, q.data() + h * (a.Hq / a.Hkv) * a.D);
-      k_rows(a, t, rows.data());
-#ifdef BATON_X86
-      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
-#endif
-      attend_scalar(a, t, q.data(), rows.data(), p.data());
-    }
-  });
-}
-
-// decode_attend_out's items: token t's rotated q (T, widened), then run()'s attention.
-template <typename T>
-void run_attend(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
-  at::parallel_for(0, T_, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(a.Hq * a.D), p(a.Hq * max_len);
-    std::vector<const T*> rows(max_len);
-    if (t0 < t1) prefetch_context(a, t0);
-    for (int64_t t = t0; t < t1; ++t) {
-      if (t + 1 < t1) prefetch_context(a, t + 1);
-      for (int64_t i = 0; i < a.Hq * a.D; ++i) q[i] = static_cast<float>(query[t * a.Hq * a.D + i]);
+      if (query != nullptr) {
+        for (int64_t i = 0; i < a.Hq * a.D; ++i) q[i] = static_cast<float>(query[t * a.Hq * a.D + i]);
+      } else {
+        for (int64_t h = 0; h < a.Hkv; ++h)
+          rotate_and_write(a, t, h, q.data() + h * (a.Hq / a.Hkv) * a.D);
+      }
       k_rows(a, t, rows.data());
 #ifdef BATON_X86
       if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
@@ -300,10 +287,7 @@ void launch(const T* qkv, int64_t ldqkv, const T* query, int64_t T_, const T* co
   a.dot = std::is_same_v<T, baton::bf16> && simd && isa == 0 && has_dot && D % 32 == 0 &&
           D <= 512 && Hq / a.Hkv <= 8;
 #endif
-  if (qkv == nullptr)
-    run_attend(a, query, T_, max_len, simd);
-  else
-    run(a, T_, max_len, simd);
+  run(a, query, T_, max_len, simd);
 }
 
 // Every context length and block id the T tokens follow (RuntimeError on a bad one); returns

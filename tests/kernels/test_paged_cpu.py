@@ -44,13 +44,18 @@ def test_write_kv_rejects_a_slot_past_the_cache():
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("lens", [[1], [16], [17, 64, 70, 1, 16], [33, 33]], ids=str)
-def test_decode_attention_matches_ref(shape, lens):
+@pytest.mark.parametrize("torch_path", [False, True], ids=["plan's choice", "torch"])
+def test_decode_attention_matches_ref(shape, lens, torch_path):
+    """The plan's own path (the native decode op where kernels.cpu_decode.use_fused holds)
+    and its torch SDPA path, forced (what CPUs without the native ops run)."""
     hkv, group, d, bs, fill = shape
     num_blocks = sum(-(-n // bs) for n in lens) + 3
     kv = make_kv_cache(num_blocks, NUM_LAYERS, bs, hkv, d, torch.float32)
     tables = make_block_tables(lens, bs, num_blocks, -(-max(lens) // bs) + 2, fill)
     ctx = torch.tensor(lens, dtype=torch.int32)
     plan = _plan(kv, torch.zeros(0, dtype=torch.int64), len(lens), (tables, ctx))
+    if torch_path:
+        plan._native_decode = False
     g = torch.Generator().manual_seed(3)
     for layer in range(NUM_LAYERS):
         q = torch.randn(len(lens), hkv * group, d, generator=g)
