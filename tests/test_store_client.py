@@ -69,3 +69,23 @@ def test_a_master_that_went_away_is_used_again_at_the_next_check(monkeypatch):
     c.check()  # ...and answers again: a restarted master, reconnected at once
     assert c.connected and c.epoch == 2 and c.reconnects == 1
     assert c.unavailable >= 1
+
+
+def test_a_restarted_master_that_refuses_puts_is_no_epoch_yet(monkeypatch):
+    """A restarted master refuses puts until the library mounts this client's segment
+    again (about a second): the client is not `connected` and the epoch does not advance
+    until the sentinel is stored, so the store tier publishes nothing it would lose."""
+    c, store, _ = _client(monkeypatch)
+    store.values.clear()  # restarted...
+    refused = [True]
+    put = store.put_parts
+    monkeypatch.setattr(store, "put_parts",
+                        lambda key, *parts: -200 if refused[-1] else put(key, *parts))
+    c.check()  # ...and the segment is not mounted yet
+    assert c.epoch == 1 and c.reconnects == 0 and not c.connected
+    c.check()
+    assert not c.connected
+    refused.append(False)  # mounted again
+    c.check()
+    assert c.epoch == 2 and c.reconnects == 1 and c.connected
+    assert c._sentinel in store.values

@@ -22,7 +22,9 @@ for it while connected: gone means the master is not the one this client knew (i
 restarted, or evicted the sentinel under pressure: either way what this client believed
 stored may not be). Both that and a breaker closing again after an outage start a new
 `epoch` (counted in `reconnects`): the store tier then forgets which blocks it believed
-stored (kv_store.py) and publishes them again.
+stored (kv_store.py) and publishes them again. An epoch begins only once its sentinel is
+stored: until then the client is not `connected`, so nothing is published into a master
+that would refuse it.
 Library: PyPI `mooncake-transfer-engine-non-cuda` (module `mooncake.store`); it needs
 Debian's libibverbs1 and librdmacm1 even for TCP.
 """
@@ -97,6 +99,7 @@ class MooncakeClient:
         self.reconnects = 0  # epochs after the first: outages ended, master restarts seen
         self._sentinel = f"baton-kv/alive/{uuid.uuid4().hex}"
         self._sentinel_put = False  # stored under this epoch (else: put it at the next check)
+        self._epoch_why = ""  # why the epoch being started began (logged once it starts)
         self._store = None
         self._down = True  # until set up; then while the breaker is open
         self._gone = False  # the master refused connections since the breaker opened
@@ -106,10 +109,13 @@ class MooncakeClient:
 
     @property
     def connected(self) -> bool:
-        return self._store is not None and not self._down
+        """Set up, the breaker closed, and this epoch's sentinel stored (so the master has
+        this client's segment mounted: a put now is not refused for want of one)."""
+        return self._store is not None and not self._down and self._sentinel_put
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """Block until the first set-up succeeded (tests, benchmarks); False on timeout."""
+        """Block until the first epoch began (set up, sentinel stored: tests, benchmarks);
+        False on timeout."""
         return self._up.wait(timeout_s)
 
     def _reachable(self) -> bool:
@@ -147,23 +153,31 @@ class MooncakeClient:
             self._verify()
 
     def _new_epoch(self, why: str) -> None:
-        self.epoch += 1
+        """A new master connection: the epoch begins once its sentinel is stored (_verify)."""
         self._sentinel_put = False
-        if self.epoch > 1:
-            self.reconnects += 1
-            log.warning("KV store %s: %s; blocks believed stored are published again",
-                        self.url, why)
+        self._epoch_why = why
         self._verify()
 
     def _verify(self) -> None:
         """Connected: put the sentinel once per epoch, then check it is still there (gone:
-        another master, a new epoch)."""
+        another master, a new epoch). Until the put succeeds the client is not `connected`
+        and the epoch does not advance: a restarted master refuses puts for about a second,
+        until the library has mounted this client's segment again, and blocks published
+        then would be dropped, not written (the CI failure of stop 34)."""
         store = self._store
         if not self._sentinel_put:
             rc = store.put_parts(self._sentinel, b"1")
             if rc == RPC_FAIL:
                 self._trip(f"put returned {rc}")
-            self._sentinel_put = rc == 0  # refused: the segment is not mounted again yet
+            if rc != 0:
+                return  # refused: the segment is not mounted again yet; next check
+            self._sentinel_put = True
+            self.epoch += 1
+            self._up.set()
+            if self.epoch > 1:
+                self.reconnects += 1
+                log.warning("KV store %s: %s; blocks believed stored are published again",
+                            self.url, self._epoch_why)
             return
         code = store.is_exist(self._sentinel)
         if code < 0:
@@ -188,7 +202,6 @@ class MooncakeClient:
             store.close()
             return
         self._store, self._down = store, False
-        self._up.set()
         log.info("KV store %s connected (segment %d B, local %s)", self.url, self.segment_bytes,
                  self.local_host)
         self._new_epoch("connected")
