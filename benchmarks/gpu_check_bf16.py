@@ -31,6 +31,14 @@ def prompts_for(vocab: int, count: int, longest: int, seed: int = 0) -> list[lis
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths[:count]]
 
 
+def _cache_kwargs(out) -> dict:
+    """The previous output's KV cache as the next call's keyword: transformers ≥ 5.2x names
+    it `cache`, earlier 5.x (the GPU image's 5.17) `past_key_values`."""
+    if hasattr(out, "cache"):
+        return {"cache": out.cache}
+    return {"past_key_values": out.past_key_values}
+
+
 @torch.no_grad()
 def hf_bf16_runs(folder, device, prompts: list[list[int]]) -> list[tuple[list[int], list[set]]]:
     """transformers in bf16 on `device`, greedy with its own KV cache: per prompt (tokens,
@@ -46,8 +54,8 @@ def hf_bf16_runs(folder, device, prompts: list[list[int]]) -> list[tuple[list[in
             logits = out.logits[0, -1].float()
             tokens.append(int(logits.argmax()))
             tops.append(set(logits.topk(TOP).indices.tolist()))
-            out = model(torch.tensor([[tokens[-1]]], device=device), cache=out.cache,
-                        use_cache=True)
+            out = model(torch.tensor([[tokens[-1]]], device=device), use_cache=True,
+                        **_cache_kwargs(out))
         runs.append((tokens, tops))
     del model
     return runs
