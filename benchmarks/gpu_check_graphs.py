@@ -129,6 +129,40 @@ def read_gb_s(device, nbytes: int) -> float:
 
 
 @torch.inference_mode()
+def kernel_profile(step, iters: int, top: int = 8) -> dict:
+    """Where a step's device time goes: torch.profiler over `iters` calls of `step` (CUPTI
+    sees the kernels of a graph replay too). Returns {"device_us_per_step": Σ kernel time
+    / iters, "wall_us_per_step", "top": [(kernel name[:60], µs per step, calls per step)]},
+    also logged; {"error": why} when the profiler fails (reported, never a FAIL)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                step()
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e6 / iters
+        kernels: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                k = kernels.setdefault(e.name[:60], [0.0, 0])
+                k[0] += e.device_time
+                k[1] += 1
+    except Exception as e:  # noqa: BLE001 - a profiler that does not run is a report
+        log(f"profiler: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    device_us = sum(v[0] for v in kernels.values()) / iters
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    rows = [(n, round(v[0] / iters, 1), v[1] / iters) for n, v in ranked]
+    log(f"  kernels: {device_us:.0f} us of device time per step, {wall:.0f} us wall "
+        f"(profiled), {sum(v[1] for v in kernels.values()) / iters:.0f} launches per step")
+    for n, us, calls in rows:
+        log(f"    {us:8.1f} us  {calls:5.1f}x  {n}")
+    return {"device_us_per_step": device_us, "wall_us_per_step": wall, "top": rows}
+
+
 def section_decode_floor(ctx) -> tuple[str, str]:
     engines = getattr(ctx, "engines_bf16", {})
     if not engines:
@@ -152,6 +186,8 @@ def section_decode_floor(ctx) -> tuple[str, str]:
             f"floor {floor_ms:.3f} ms ({weights / 2**20:.1f} MiB at {gb_s:.1f} GB/s): "
             f"{step_ms / floor_ms:.2f}x the floor")
         summary.append(f"{name} {step_ms / floor_ms:.2f}x")
+        if ctx.device.type == "cuda":
+            rows[name]["kernels"] = kernel_profile(step, 20)
     ctx.report["decode_floor"] = rows
     where = "CPU (dry-run: not a GPU number)" if ctx.dry_run else str(ctx.device)
     return PASS, f"batch-1 bf16 step / read floor on {where}: {', '.join(summary)}"
