@@ -6,7 +6,9 @@ each side's token is in the other's top-5, and the check stops there.
     24 prompts of 1 to 200 tokens (dry-run: 6 of 1 to 24), 12 greedy tokens each, on both
     model shapes of gpu_check_engine (random weights, the saved folders of the `engine`
     section); at least half the prompts must agree on every token (else the rule would be
-    checking nothing). The engines stay in ctx.engines_bf16 for `decode_floor`.
+    checking nothing). The engines stay in ctx.engines_bf16 for `decode_floor`. Where the
+    runs diverge, the fp32 model says whose token it prefers and what each side's token
+    costs in fp32 logprob (`divergences`): evidence for which bf16 is less accurate.
 
 bf16 is the production dtype on GPUs (`--dtype auto` on CUDA); it cannot be token-exact
 against another implementation's bf16 (other kernels round in other orders).
@@ -40,29 +42,33 @@ def _cache_kwargs(out) -> dict:
 
 
 @torch.no_grad()
-def hf_bf16_runs(folder, device, prompts: list[list[int]]) -> list[tuple[list[int], list[set]]]:
+def hf_bf16_runs(folder, device, prompts: list[list[int]]) -> list[tuple[list[int], list[set],
+                                                                       list[dict]]]:
     """transformers in bf16 on `device`, greedy with its own KV cache: per prompt (tokens,
-    top-5 ids at each position)."""
+    top-5 ids at each position, top-5 {id: logprob} at each position)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
     runs = []
     for prompt in prompts:
         out = model(torch.tensor([prompt], device=device), use_cache=True)
-        tokens, tops = [], []
+        tokens, tops, lps = [], [], []
         for _ in range(NEW_TOKENS):
-            logits = out.logits[0, -1].float()
-            tokens.append(int(logits.argmax()))
-            tops.append(set(logits.topk(TOP).indices.tolist()))
+            logprobs = out.logits[0, -1].float().log_softmax(-1)
+            tokens.append(int(logprobs.argmax()))
+            best = logprobs.topk(TOP)
+            tops.append(set(best.indices.tolist()))
+            lps.append(dict(zip(best.indices.tolist(), best.values.tolist())))
             out = model(torch.tensor([[tokens[-1]]], device=device), use_cache=True,
                         **_cache_kwargs(out))
-        runs.append((tokens, tops))
+        runs.append((tokens, tops, lps))
     del model
     return runs
 
 
-def baton_runs(engine, prompts: list[list[int]]) -> list[tuple[list[int], list[set]]]:
-    """The engine's greedy tokens and top-5 ids per position, all prompts in one batch."""
+def baton_runs(engine, prompts: list[list[int]]) -> list[tuple[list[int], list[set], list[dict]]]:
+    """The engine's greedy tokens, top-5 ids and top-5 {id: logprob} per position, all prompts
+    in one batch."""
     from baton.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
@@ -70,12 +76,57 @@ def baton_runs(engine, prompts: list[list[int]]) -> list[tuple[list[int], list[s
     ids = [f"bf16-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, prompt, params)
-    runs = {rid: ([], []) for rid in ids}
+    runs = {rid: ([], [], []) for rid in ids}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            runs[out.request_id][0].extend(out.new_token_ids)
-            runs[out.request_id][1].extend(set(lp.top) for lp in out.logprobs)
+            run = runs[out.request_id]
+            run[0].extend(out.new_token_ids)
+            run[1].extend(set(lp.top) for lp in out.logprobs)
+            run[2].extend(dict(lp.top) for lp in out.logprobs)
     return [runs[rid] for rid in ids]
+
+
+@torch.no_grad()
+def divergences(folder, device, prompts, ours, theirs) -> dict:
+    """Who the fp32 model agrees with where the two bf16 runs first diverge: per diverging
+    prompt, the fp32 log-softmax at the common prefix (transformers in fp32, one forward),
+    its argmax and the fp32 logprob of each side's token. A side whose bf16 is as accurate
+    as the other's picks the fp32 argmax about as often and loses as little fp32 logprob
+    ("regret" = lp32(argmax) - lp32(token)). Returns the summary (also logged)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    rows = []
+    for i, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
+        pos = next((p for p, (x, y) in enumerate(zip(a[0], b[0])) if x != y), None)
+        if pos is None:
+            continue
+        prefix = list(prompt) + list(a[0][:pos])
+        lp = model(torch.tensor([prefix], device=device)).logits[0, -1].float().log_softmax(-1)
+        top = int(lp.argmax())
+        x, y = a[0][pos], b[0][pos]
+        rows.append({"prompt": i, "pos": pos, "baton": x, "transformers": y, "fp32_argmax": top,
+                     "regret_baton": float(lp[top] - lp[x]),
+                     "regret_transformers": float(lp[top] - lp[y]),
+                     "baton_lp": a[2][pos], "transformers_lp": b[2][pos],
+                     "fp32_lp": {t: float(lp[t]) for t in {x, y, top}}})
+        r = rows[-1]
+        log(f"  prompt {i} pos {pos}: baton {x} (fp32 regret {r['regret_baton']:.3f}), "
+            f"transformers {y} (regret {r['regret_transformers']:.3f}), fp32 argmax {top}; "
+            f"fp32 lp {r['fp32_lp']}")
+    del model
+    n = len(rows)
+    summary = {"divergences": n, "rows": rows,
+               "baton_is_fp32_argmax": sum(r["baton"] == r["fp32_argmax"] for r in rows),
+               "transformers_is_fp32_argmax": sum(r["transformers"] == r["fp32_argmax"]
+                                                  for r in rows),
+               "mean_regret_baton": sum(r["regret_baton"] for r in rows) / max(n, 1),
+               "mean_regret_transformers": sum(r["regret_transformers"] for r in rows)
+               / max(n, 1)}
+    log(f"  {n} divergences: fp32 argmax = baton's token {summary['baton_is_fp32_argmax']}x, "
+        f"transformers' {summary['transformers_is_fp32_argmax']}x; mean fp32 regret baton "
+        f"{summary['mean_regret_baton']:.3f}, transformers {summary['mean_regret_transformers']:.3f}")
+    return summary
 
 
 def _check(ctx, name: str) -> tuple[bool, str]:
@@ -89,12 +140,15 @@ def _check(ctx, name: str) -> tuple[bool, str]:
     prompts = prompts_for(engine.vocab_size, count, longest)
     ours = baton_runs(engine, prompts)
     theirs = hf_bf16_runs(folder, ctx.device, prompts)
+    ctx.engines_bf16[name] = engine  # decode_floor times it whatever the rule finds
+    report = ctx.report.setdefault("bf16", {})
+    report[f"{name}_divergences"] = divergences(folder, ctx.device, prompts, ours, theirs)
     try:
-        exact = check_logprobs_close(ours, theirs, "baton", "transformers", TOP)
+        exact = check_logprobs_close([r[:2] for r in ours], [r[:2] for r in theirs], "baton",
+                                     "transformers", TOP)
     except AssertionError as e:
         return False, f"{name}: {e}"
-    ctx.engines_bf16[name] = engine
-    ctx.report.setdefault("bf16", {})[name] = {"prompts": len(prompts), "all_tokens_equal": exact}
+    report[name] = {"prompts": len(prompts), "all_tokens_equal": exact}
     msg = f"{name}: {exact} of {len(prompts)} prompts x {NEW_TOKENS} tokens equal, the rest close"
     log(msg)
     if exact < len(prompts) // 2:
