@@ -8,7 +8,14 @@ each side's token is in the other's top-5, and the check stops there.
     section); at least half the prompts must agree on every token (else the rule would be
     checking nothing). The engines stay in ctx.engines_bf16 for `decode_floor`. Where the
     runs diverge, the fp32 model says whose token it prefers and what each side's token
-    costs in fp32 logprob (`divergences`): evidence for which bf16 is less accurate.
+    costs in fp32 logprob (`divergences`).
+
+Random weights give flat next-token distributions (top logprob about -5 at 49K tokens on the
+H200 run of 2026-12-04: dozens of tokens within bf16 noise of the top), where the top-5 rule
+breaks by chance on either side and few prompts stay equal. Where it breaks, the section
+still passes if baton's bf16 is at least as faithful to fp32 as transformers' bf16: fp32's
+argmax is baton's token at least as often as transformers', and baton's mean fp32 regret is
+at most REGRET_RATIO times transformers' (+ REGRET_SLACK). A broken bf16 path loses both.
 
 bf16 is the production dtype on GPUs (`--dtype auto` on CUDA); it cannot be token-exact
 against another implementation's bf16 (other kernels round in other orders).
@@ -23,6 +30,9 @@ from gpu_check import FAIL, PASS, log
 from gpu_check_engine import SHAPES, make_engine, model_folder
 
 TOP, NEW_TOKENS = 5, 12
+# where the rule breaks: baton's mean fp32 regret at the divergences may exceed transformers'
+# by this ratio plus slack (a handful of divergences, many with regret 0)
+REGRET_RATIO, REGRET_SLACK = 1.25, 0.02
 
 
 def prompts_for(vocab: int, count: int, longest: int, seed: int = 0) -> list[list[int]]:
@@ -143,16 +153,31 @@ def _check(ctx, name: str) -> tuple[bool, str]:
     ctx.engines_bf16[name] = engine  # decode_floor times it whatever the rule finds
     report = ctx.report.setdefault("bf16", {})
     report[f"{name}_divergences"] = divergences(folder, ctx.device, prompts, ours, theirs)
+    d = report[f"{name}_divergences"]
+    faithful = (d["baton_is_fp32_argmax"] >= d["transformers_is_fp32_argmax"]
+                and d["mean_regret_baton"] <= REGRET_RATIO * d["mean_regret_transformers"]
+                + REGRET_SLACK)
+    fp32 = (f"at {d['divergences']} divergences fp32 prefers baton's token "
+            f"{d['baton_is_fp32_argmax']}x, transformers' {d['transformers_is_fp32_argmax']}x, "
+            f"mean fp32 regret {d['mean_regret_baton']:.3f} vs {d['mean_regret_transformers']:.3f}")
     try:
         exact = check_logprobs_close([r[:2] for r in ours], [r[:2] for r in theirs], "baton",
                                      "transformers", TOP)
+        rule = None if exact >= len(prompts) // 2 else \
+            f"{exact} of {len(prompts)} prompts equal (fewer than half: the rule checked little)"
     except AssertionError as e:
-        return False, f"{name}: {e}"
-    report[name] = {"prompts": len(prompts), "all_tokens_equal": exact}
-    msg = f"{name}: {exact} of {len(prompts)} prompts x {NEW_TOKENS} tokens equal, the rest close"
+        exact, rule = None, str(e)
+    report[name] = {"prompts": len(prompts), "all_tokens_equal": exact, "rule_broken": rule,
+                    "as_faithful_to_fp32": faithful}
+    if rule is None:
+        msg = f"{name}: {exact} of {len(prompts)} prompts x {NEW_TOKENS} tokens equal, " \
+              f"the rest close"
+    elif faithful:
+        msg = f"{name}: rule not met ({rule}), but baton's bf16 is as faithful to fp32 as " \
+              f"transformers' ({fp32})"
+    else:
+        return False, f"{name}: {rule}; {fp32}"
     log(msg)
-    if exact < len(prompts) // 2:
-        return False, f"{msg} (fewer than half: the rule checked little)"
     return True, msg
 
 
