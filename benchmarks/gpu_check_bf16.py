@@ -139,6 +139,15 @@ def divergences(folder, device, prompts, ours, theirs) -> dict:
     return summary
 
 
+def faithful_to_fp32(d: dict) -> bool:
+    """Is baton's bf16 at least as faithful to fp32 as transformers' at the divergences of
+    `d` (a `divergences` summary)? fp32 picks baton's token at least as often, and baton's
+    mean fp32 regret is at most REGRET_RATIO x transformers' + REGRET_SLACK."""
+    return (d["baton_is_fp32_argmax"] >= d["transformers_is_fp32_argmax"]
+            and d["mean_regret_baton"] <= REGRET_RATIO * d["mean_regret_transformers"]
+            + REGRET_SLACK)
+
+
 def _check(ctx, name: str) -> tuple[bool, str]:
     from baton.closeness import check_logprobs_close
 
@@ -154,9 +163,7 @@ def _check(ctx, name: str) -> tuple[bool, str]:
     report = ctx.report.setdefault("bf16", {})
     report[f"{name}_divergences"] = divergences(folder, ctx.device, prompts, ours, theirs)
     d = report[f"{name}_divergences"]
-    faithful = (d["baton_is_fp32_argmax"] >= d["transformers_is_fp32_argmax"]
-                and d["mean_regret_baton"] <= REGRET_RATIO * d["mean_regret_transformers"]
-                + REGRET_SLACK)
+    faithful = faithful_to_fp32(d)
     fp32 = (f"at {d['divergences']} divergences fp32 prefers baton's token "
             f"{d['baton_is_fp32_argmax']}x, transformers' {d['transformers_is_fp32_argmax']}x, "
             f"mean fp32 regret {d['mean_regret_baton']:.3f} vs {d['mean_regret_transformers']:.3f}")

@@ -85,3 +85,19 @@ def test_budget_stops_the_running_section_and_skips_the_rest():
     results = gpu_check.run_sections(_ctx(), ["slow", "after"], 0.3, section)
     assert results[0]["status"] == "FAIL" and "budget" in results[0]["reason"]
     assert results[1]["status"] == "SKIP"
+
+
+def test_bf16_fp32_faithfulness_verdict():
+    """Where vLLM's top-5 rule breaks on a random model, the bf16 section passes only if
+    baton's bf16 is as faithful to fp32 as transformers' (the H200 run's summaries pass; a
+    side that misses fp32's argmax more often, or loses far more fp32 logprob, fails)."""
+    bf16 = importlib.import_module("gpu_check_bf16")
+
+    def summary(ours, theirs, regret_ours, regret_theirs):
+        return {"baton_is_fp32_argmax": ours, "transformers_is_fp32_argmax": theirs,
+                "mean_regret_baton": regret_ours, "mean_regret_transformers": regret_theirs}
+
+    assert bf16.faithful_to_fp32(summary(9, 5, 0.209, 0.413))  # H200, smollm2-135m shape
+    assert bf16.faithful_to_fp32(summary(7, 3, 0.674, 0.640))  # H200, llama-3.2-1b shape
+    assert not bf16.faithful_to_fp32(summary(3, 7, 0.2, 0.4))
+    assert not bf16.faithful_to_fp32(summary(7, 3, 1.2, 0.6))
