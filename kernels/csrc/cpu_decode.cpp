@@ -2,7 +2,7 @@
 // ops per layer: after a layer's GEMVs have streamed megabytes of weights through the caches each
 // small torch op costs 5-50 µs here, and the paged attention's gather copied every context twice.
 //
-// decode_attention_out: for each decode token t (work items split over threads), KV head h:
+// decode_attention_out: for each decode token t and KV head h (work items (t, h) split over threads):
 //   1. rotary on the new k head and the `group` q heads sharing it, as transformers' LlamaRotary
 //      (x·cos + rotate_half(x)·sin, written x·cos + roll(x, D/2)·sin_signed): two products and one
 //      sum, each rounded (no FMA contraction: the file is built with -ffp-contract=off), so the
@@ -95,18 +95,19 @@ inline void rotate_and_write(const Attn<T>& a, int64_t t, int64_t h, float* q) {
   }
 }
 
-// Attention of token t's Hq rotated query heads q[Hq·D] over its K/V rows; p: [Hq·N] scratch.
+// Attention of token t's G rotated query heads of KV head h, q[G·D], over its K/V rows;
+// p: [G·N] scratch.
 template <typename T>
-void attend_scalar(const Attn<T>& a, int64_t t, const float* q, const T** rows, float* p) {
+void attend_scalar(const Attn<T>& a, int64_t t, int64_t h, const float* q, const T** rows,
+                   float* p) {
   const int64_t G = a.Hq / a.Hkv, D = a.D, N = a.lens[t], vstride = a.BS * a.Hkv * D;
-  for (int64_t i = 0; i < a.Hq; ++i) {
-    const int64_t h = i / G;
-    float* pi = p + i * N;
+  for (int64_t g = 0; g < G; ++g) {
+    float* pi = p + g * N;
     float m = -INFINITY;
     for (int64_t n = 0; n < N; ++n) {
       const T* k = rows[n] + h * D;
       float acc = 0;
-      for (int64_t d = 0; d < D; ++d) acc += q[i * D + d] * static_cast<float>(k[d]);
+      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * static_cast<float>(k[d]);
       pi[n] = acc * a.scale;
       m = std::max(m, pi[n]);
     }
@@ -118,7 +119,7 @@ void attend_scalar(const Attn<T>& a, int64_t t, const float* q, const T** rows, 
       const T* v = rows[n] + vstride + h * D;
       for (int64_t d = 0; d < D; ++d) o[d] += pi[n] * static_cast<float>(v[d]);
     }
-    T* out = a.out + (t * a.Hq + i) * D;
+    T* out = a.out + (t * a.Hq + h * G + g) * D;
     for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(o[d] / l);
   }
 }
@@ -126,38 +127,35 @@ void attend_scalar(const Attn<T>& a, int64_t t, const float* q, const T** rows, 
 #ifdef BATON_X86
 constexpr int64_t PF = 6;  // positions ahead whose K / V rows are prefetched
 
-// D % 16 == 0, group <= 8 (checked by the caller). Reads each position's K row (every head) in
-// one sequential pass, then V per KV head (the h = 0 pass prefetches whole rows into L2).
+// D % 16 == 0, group <= 8 (checked by the caller). Token t's G query heads of KV head h, q[G·D];
+// p: [G·N] scratch. Every operation of a head is the same whichever other heads or tokens run
+// beside it (in this call or another thread): the bits do not depend on how work is split.
 template <typename T>
-__attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t t, const float* q,
-                                                      const T** rows, float* p) {
+__attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t t, int64_t h,
+                                                      const float* q, const T** rows, float* p) {
   using baton::load16;
   const int64_t G = a.Hq / a.Hkv, D = a.D, C = D / 16, N = a.lens[t];
-  const int64_t row_bytes = a.Hkv * D * int64_t(sizeof(T)), vstride = a.BS * a.Hkv * D;
+  const int64_t vstride = a.BS * a.Hkv * D, head_bytes = D * int64_t(sizeof(T));
   if constexpr (std::is_same_v<T, baton::bf16>) {
-    if (a.dot) {  // the same scores, 16 positions per horizontal add
-      for (int64_t h = 0; h < a.Hkv; ++h)
-        baton::scores_bf16(q + h * G * D, rows, h * D, N, D, G, a.scale, p + h * G * N);
-    }
+    if (a.dot)  // the same scores, 16 positions per horizontal add
+      baton::scores_bf16(q, rows, h * D, N, D, G, a.scale, p);
   }
-  for (int64_t n = 0; n < N && !a.dot; ++n) {  // scores s[i][n] = (q_i · k_n) · scale
+  for (int64_t n = 0; n < N && !a.dot; ++n) {  // scores s[g][n] = (q_g · k_n) · scale
     if (n + PF < N)
-      for (int64_t b = 0; b < row_bytes; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF]) + b, _MM_HINT_T0);
-    for (int64_t h = 0; h < a.Hkv; ++h) {
-      const T* k = rows[n] + h * D;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qi = q + (h * G + g) * D;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), load16(k));
-        for (int64_t c = 1; c < C; ++c)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), load16(k + 16 * c), acc);
-        p[(h * G + g) * N + n] = _mm512_reduce_add_ps(acc) * a.scale;
-      }
+      for (int64_t b = 0; b < head_bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + h * D) + b, _MM_HINT_T0);
+    const T* k = rows[n] + h * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qi = q + g * D;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qi), load16(k));
+      for (int64_t c = 1; c < C; ++c)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), load16(k + 16 * c), acc);
+      p[g * N + n] = _mm512_reduce_add_ps(acc) * a.scale;
     }
   }
-  float inv_l[64];
-  for (int64_t i = 0; i < a.Hq; ++i) {  // softmax numerators, 16 scores at a time
-    float* pi = p + i * N;
+  float inv_l[8];
+  for (int64_t g = 0; g < G; ++g) {  // softmax numerators, 16 scores at a time
+    float* pi = p + g * N;
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t n = 0;
     for (; n + 16 <= N; n += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(pi + n));
@@ -171,41 +169,38 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t 
       _mm512_mask_storeu_ps(pi + n, mask, e);
       l = _mm512_add_ps(l, _mm512_maskz_mov_ps(mask, e));
     }
-    inv_l[i] = 1.0f / _mm512_reduce_add_ps(l);
+    inv_l[g] = 1.0f / _mm512_reduce_add_ps(l);
   }
-  for (int64_t h = 0; h < a.Hkv; ++h) {  // out_i = Σ p_n v_n, D in chunks of 64 in registers
-    alignas(64) float o64[8 * 64];
-    if (D == 64 && baton::pv64_any(G, p + h * G * N, N, rows, vstride + h * D, o64)) {
-      for (int64_t g = 0; g < G; ++g) {  // the same products and order as the loop below
-        T* o = a.out + (t * a.Hq + h * G + g) * D;
-        for (int64_t c = 0; c < 4; ++c)
-          baton::store16(o + 16 * c, _mm512_mul_ps(_mm512_load_ps(o64 + g * 64 + 16 * c),
-                                                   _mm512_set1_ps(inv_l[h * G + g])));
-      }
-      continue;
-    }
-    for (int64_t c0 = 0; c0 < C; c0 += 4) {
-      const int64_t cn = std::min<int64_t>(4, C - c0);
-      __m512 acc[8][4];
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
-      for (int64_t n = 0; n < N; ++n) {
-        if (h == 0 && c0 == 0 && n + PF < N)
-          for (int64_t b = 0; b < row_bytes; b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + vstride) + b, _MM_HINT_T1);
-        const T* v = rows[n] + vstride + h * D + 16 * c0;
-        for (int64_t g = 0; g < G; ++g) {
-          const __m512 pn = _mm512_set1_ps(p[(h * G + g) * N + n]);
-          for (int64_t c = 0; c < cn; ++c)
-            acc[g][c] = _mm512_fmadd_ps(pn, load16(v + 16 * c), acc[g][c]);
-        }
-      }
+  T* const out = a.out + (t * a.Hq + h * G) * D;
+  alignas(64) float o64[8 * 64];  // out_g = Σ p_n v_n, D in chunks of 64 in registers
+  if (D == 64 && baton::pv64_any(G, p, N, rows, vstride + h * D, o64)) {
+    for (int64_t g = 0; g < G; ++g)  // the same products and order as the loop below
+      for (int64_t c = 0; c < 4; ++c)
+        baton::store16(out + g * D + 16 * c, _mm512_mul_ps(_mm512_load_ps(o64 + g * 64 + 16 * c),
+                                                           _mm512_set1_ps(inv_l[g])));
+    return;
+  }
+  for (int64_t c0 = 0; c0 < C; c0 += 4) {
+    const int64_t cn = std::min<int64_t>(4, C - c0);
+    __m512 acc[8][4];
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t n = 0; n < N; ++n) {
+      if (c0 == 0 && n + PF < N)
+        for (int64_t b = 0; b < head_bytes; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + vstride + h * D) + b,
+                       _MM_HINT_T1);
+      const T* v = rows[n] + vstride + h * D + 16 * c0;
       for (int64_t g = 0; g < G; ++g) {
-        T* o = a.out + (t * a.Hq + h * G + g) * D + 16 * c0;
+        const __m512 pn = _mm512_set1_ps(p[g * N + n]);
         for (int64_t c = 0; c < cn; ++c)
-          baton::store16(o + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_l[h * G + g])));
+          acc[g][c] = _mm512_fmadd_ps(pn, load16(v + 16 * c), acc[g][c]);
       }
     }
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < cn; ++c)
+        baton::store16(out + g * D + 16 * c0 + 16 * c,
+                       _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_l[g])));
   }
 }
 #endif
@@ -218,52 +213,60 @@ void check_float(const torch::Tensor& t, at::ScalarType dtype, const char* name)
               "cpu_decode: ", name, " must be a contiguous CPU tensor of kv_cache's dtype");
 }
 
-// Every cache line of token t's K and V blocks of this layer (positions < lens[t]) asked into
-// L2 at once. A layer's K/V is cold (the GEMVs between two visits stream megabytes of weights),
-// and the attention walks it block by block, a few lines at a time: with the whole context
-// requested up front the reads overlap (bf16, 8 rows of 250 positions, SmolLM2's heads, a
-// 30-layer cache, one layer call, medians: one thread 318 -> 238-294 µs, two 208 -> 122-178;
-// the same data cache-hot takes ~88). Called for the next token while this one computes.
+// Every cache line of KV head h's K and V of token t's context (positions < lens[t]) in this
+// layer asked into L2 at once. A layer's K/V is cold (the GEMVs between two visits stream
+// megabytes of weights), and the attention walks it block by block, a few lines at a time: with
+// the whole context requested up front the reads overlap (bf16, 8 rows of 250 positions,
+// SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318 -> 238-294 µs, two
+// 208 -> 122-178; the same data cache-hot takes ~88). Called for the next item while this one
+// computes.
 template <typename T>
-inline void prefetch_context(const Attn<T>& a, int64_t t) {
+inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h) {
 #ifdef BATON_X86
   const int64_t N = a.lens[t], row = a.Hkv * a.D, blocks = (N + a.BS - 1) / a.BS;
+  const int64_t row_bytes = row * int64_t(sizeof(T)), head_bytes = a.D * int64_t(sizeof(T));
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t used = std::min<int64_t>(a.BS, N - b * a.BS) * row * int64_t(sizeof(T));
+    const int64_t used = std::min<int64_t>(a.BS, N - b * a.BS);
     const char* k = reinterpret_cast<const char*>(
-        a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row);
-    const char* v = k + a.BS * row * int64_t(sizeof(T));
-    for (int64_t off = 0; off < used; off += 64) {
-      _mm_prefetch(k + off, _MM_HINT_T1);
-      _mm_prefetch(v + off, _MM_HINT_T1);
-    }
+        a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row + h * a.D);
+    const char* v = k + a.BS * row_bytes;
+    for (int64_t n = 0; n < used; ++n)
+      for (int64_t off = n * row_bytes; off < n * row_bytes + head_bytes; off += 64) {
+        _mm_prefetch(k + off, _MM_HINT_T1);
+        _mm_prefetch(v + off, _MM_HINT_T1);
+      }
   }
 #endif
 }
 
-// One work item per token t: it writes t's new slot, then reads only t's own sequence (one
-// decode token per sequence), so items may run on any thread in any order. With `query`
+// One work item per (token t, KV head h): it writes h's part of t's new slot, then reads only
+// h's K/V of t's own sequence (one decode token per sequence), so items may run on any thread
+// in any order, and a batch of one token still spreads its heads over the threads (the
+// attention of a lone decode row is bound by one core's memory reads). With `query`
 // (decode_attend_out; a.qkv null) t's q is that row, already rotated (widened; the cache is
 // already written): the same q values rotate_and_write would give, so the same bits.
 template <typename T>
 void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
-  at::parallel_for(0, T_, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(a.Hq * a.D), p(a.Hq * max_len);
+  const int64_t G = a.Hq / a.Hkv, D = a.D;
+  at::parallel_for(0, T_ * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> q(G * D), p(G * max_len);
     std::vector<const T*> rows(max_len);
-    if (t0 < t1) prefetch_context(a, t0);
-    for (int64_t t = t0; t < t1; ++t) {
-      if (t + 1 < t1) prefetch_context(a, t + 1);
+    if (i0 < i1) prefetch_context(a, i0 / a.Hkv, i0 % a.Hkv);
+    int64_t rows_of = -1;  // the token `rows` holds
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / a.Hkv, h = i % a.Hkv;
+      if (i + 1 < i1) prefetch_context(a, (i + 1) / a.Hkv, (i + 1) % a.Hkv);
       if (query != nullptr) {
-        for (int64_t i = 0; i < a.Hq * a.D; ++i) q[i] = static_cast<float>(query[t * a.Hq * a.D + i]);
+        const T* src = query + (t * a.Hq + h * G) * D;
+        for (int64_t j = 0; j < G * D; ++j) q[j] = static_cast<float>(src[j]);
       } else {
-        for (int64_t h = 0; h < a.Hkv; ++h)
-          rotate_and_write(a, t, h, q.data() + h * (a.Hq / a.Hkv) * a.D);
+        rotate_and_write(a, t, h, q.data());
       }
-      k_rows(a, t, rows.data());
+      if (rows_of != t) k_rows(a, t, rows.data()), rows_of = t;
 #ifdef BATON_X86
-      if (simd) { attend_avx512(a, t, q.data(), rows.data(), p.data()); continue; }
+      if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
 #endif
-      attend_scalar(a, t, q.data(), rows.data(), p.data());
+      attend_scalar(a, t, h, q.data(), rows.data(), p.data());
     }
   });
 }
