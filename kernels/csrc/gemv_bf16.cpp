@@ -14,7 +14,8 @@
 // of w and x as stored); AVX2+FMA, which widens w in registers (even elements: dword << 16, odd
 // elements: dword & 0xFFFF0000) against x widened once per call into fp32 even/odd planes, the
 // same two fused adds per lane and chunk; a scalar loop elsewhere. Tiling, 4 distant row streams,
-// prefetch of the next tile and threading are gemv.cpp's (see there), at half the bytes per row.
+// prefetch of the next tile (AVX512_BF16: 4 tiles ahead into L2, PF_TILES) and threading are
+// gemv.cpp's (see there), at half the bytes per row.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -32,6 +33,12 @@ namespace {
 
 constexpr int64_t CH = 32;  // k elements per chunk: 16 fp32 lanes x one bf16 pair
 constexpr int R = 4;        // weight rows per tile
+// AVX512_BF16: tiles ahead whose weight rows a tile prefetches, into L2 (T1). With 4 x rows
+// and more the tile computes long enough that L1-bound prefetches one tile ahead (T0, as
+// gemv.cpp) did not overlap the reads with the products: all of SmolLM2-135M's matrices, 8 x
+// rows, cold, 2 threads: T0 one tile ahead 12.8-13.1 ms, T1 four ahead 10.4 (T1 one, two,
+// eight and sixteen ahead 10.4-10.9); 1 x row unchanged (memory bound either way).
+constexpr int64_t PF_TILES = 4;
 
 struct ArgsB {
   const uint16_t* x; int64_t ldx;  // [B, K] bf16 bits, row stride ldx
@@ -192,7 +199,7 @@ __attribute__((target(BATON_BF16_TARGET))) void tile_dp(const ArgsB& a, Tile tl,
   int64_t k = 0;
   for (; k + CH <= a.K; k += CH) {
     for (int r = 0; r < NR; ++r) {
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + pf + k), _MM_HINT_T0);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + pf + k), _MM_HINT_T1);
       const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + k);
       for (int t = 0; t < BT; ++t)
         acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, (__m512bh)_mm512_loadu_si512(x + t * a.ldx + k));
@@ -240,7 +247,7 @@ __attribute__((target(BATON_BF16_TARGET))) void batch_dp(const ArgsB& a, Tile tl
 
 __attribute__((target(BATON_BF16_TARGET))) void rows_dp(const ArgsB& a, int64_t o0, int64_t o1) {
   const int64_t q = (o1 - o0) / R;
-  for (int64_t i = 0; i < q; ++i) batch_dp<R>(a, Tile{o0 + i, q, i + 1 < q ? 1 : 0});
+  for (int64_t i = 0; i < q; ++i) batch_dp<R>(a, Tile{o0 + i, q, i + PF_TILES < q ? PF_TILES : 0});
   for (int64_t o = o0 + q * R; o < o1; ++o) batch_dp<1>(a, Tile{o, 1, 0});
 }
 #endif  // BATON_X86
