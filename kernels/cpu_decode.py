@@ -10,7 +10,8 @@ and residual add + RMSNorm, SiLU·mul (each beside its torch reference).
 On CPU the torch path of a decode layer is ~15 small ops (rotary, cat, index_copy_, index_select
 of every context, view/transpose, SDPA); after a layer's GEMVs each costs 5-50 µs here, and the
 gather copies each sequence's K and V before SDPA reads them again. `kernels/csrc/cpu_decode.cpp`
-does it in one pass per token, reading K/V in place through the block table; the rotated q/k are
+does it in one pass per (token, KV head) — the work items the threads share, so a lone decode
+row uses every core — reading K/V in place through the block table; the rotated q/k are
 bit-identical to the torch path's, attention agrees to fp32 rounding (softmax summed in another
 order; exp to ~1 ulp). `kernels/csrc/cpu_norm.cpp` holds `add_rms_norm` (h += r; RMSNorm(h), one
 pass instead of torch's add + ~6 rms_norm kernels) and `silu_mul` (gate/up halves → silu·up).
