@@ -161,8 +161,7 @@ def _check(ctx, name: str) -> tuple[bool, str]:
     theirs = hf_bf16_runs(folder, ctx.device, prompts)
     ctx.engines_bf16[name] = engine  # decode_floor times it whatever the rule finds
     report = ctx.report.setdefault("bf16", {})
-    report[f"{name}_divergences"] = divergences(folder, ctx.device, prompts, ours, theirs)
-    d = report[f"{name}_divergences"]
+    d = divergences(folder, ctx.device, prompts, ours, theirs)
     faithful = faithful_to_fp32(d)
     fp32 = (f"at {d['divergences']} divergences fp32 prefers baton's token "
             f"{d['baton_is_fp32_argmax']}x, transformers' {d['transformers_is_fp32_argmax']}x, "
@@ -175,7 +174,7 @@ def _check(ctx, name: str) -> tuple[bool, str]:
     except AssertionError as e:
         exact, rule = None, str(e)
     report[name] = {"prompts": len(prompts), "all_tokens_equal": exact, "rule_broken": rule,
-                    "as_faithful_to_fp32": faithful}
+                    "as_faithful_to_fp32": faithful, "divergences": d}
     if rule is None:
         msg = f"{name}: {exact} of {len(prompts)} prompts x {NEW_TOKENS} tokens equal, " \
               f"the rest close"

@@ -42,7 +42,10 @@ def test_dry_run_reports_every_section_and_exits_0(tmp_path):
     engine = sections["engine"]["details"]
     assert all(engine[m]["match"] for m in ("smollm2-135m", "llama-3.2-1b"))
     bf16 = sections["bf16"]["details"]
-    assert all(bf16[m]["all_tokens_equal"] >= bf16[m]["prompts"] // 2 for m in bf16)
+    # the section's rule: vLLM's top-5 rule with at least half the prompts equal, or (where it
+    # breaks on a random model's flat distributions) at least as faithful to fp32
+    assert all((r["all_tokens_equal"] or 0) >= r["prompts"] // 2 or r["as_faithful_to_fp32"]
+               for r in bf16.values()), bf16
     disagg = sections["disagg"]["details"]
     assert "grpc" in disagg and ("nixl" in disagg) == nixl_ok
     assert all(d["equal"] and not d["local_prefills"] for d in disagg.values())
