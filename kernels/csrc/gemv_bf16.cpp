@@ -234,53 +234,47 @@ __attribute__((target(BATON_BF16_TARGET))) void tile_dp(const ArgsB& a, Tile tl,
     }
 }
 
-// 1 to 4 rows of x against a tile, 4 at a time (16 accumulators of 32 zmm); only the first
-// pass prefetches.
-template <int NR>
-__attribute__((target(BATON_BF16_TARGET))) void batch_dp(const ArgsB& a, Tile tl) {
-  int64_t b = 0;
-  for (; b + 4 <= a.B; b += 4, tl.pf = 0) tile_dp<NR, 4>(a, tl, b);
-  switch (a.B - b) {
-    case 3: tile_dp<NR, 3>(a, tl, b); break;
-    case 2: tile_dp<NR, 2>(a, tl, b); break;
-    case 1: tile_dp<NR, 1>(a, tl, b); break;
-    default: break;
+// The rest of a tile's x rows after whole groups of MAXBT: n < MAXBT rows from b, one
+// tile_dp<NR, n> (n fixed at compile time, so its accumulators stay in registers).
+template <int NR, int N>
+__attribute__((target(BATON_BF16_TARGET))) void rest_dp(const ArgsB& a, Tile tl, int64_t b,
+                                                        int64_t n) {
+  if constexpr (N > 0) {
+    if (n == N) return tile_dp<NR, N>(a, tl, b);
+    rest_dp<NR, N - 1>(a, tl, b, n);
   }
 }
 
-// 5 and more rows of x: tiles of 3 weight rows x up to 8 rows of x in one pass (24
-// accumulators, each x chunk loaded once against the 3 weight chunks), as gemv.cpp's fp32
-// batch8, instead of 4 x 4 tiles walked twice: the weight reads overlap the products better.
-// Every SmolLM2 matrix, cold, 2 threads, variants alternated: 8 rows 11.6-13.0 -> 10.0 ms,
-// 6 rows 10.1-10.6 -> 8.0; one thread, 8 rows 20.5-21.5 -> 17.8. Each output's sum runs in
-// the same order either way: bit-identical.
-template <int NR>
-__attribute__((target(BATON_BF16_TARGET))) void batch8_dp(const ArgsB& a, Tile tl) {
+// Every x row against a tile, MAXBT rows a pass; only the first pass prefetches.
+//   MAXBT 4 (1 to 4 rows of x): 4 x 4 tiles, 16 accumulators of 32 zmm.
+//   MAXBT 8 (5 and more): 3 x 8 tiles in one pass (24 accumulators, each x chunk loaded once
+//   against the 3 weight chunks), as gemv.cpp's fp32 batch8, instead of 4 x 4 tiles walked
+//   twice: the weight reads overlap the products better. Every SmolLM2 matrix, cold, 2
+//   threads, variants alternated: 8 rows 11.6-13.0 -> 10.0 ms, 6 rows 10.1-10.6 -> 8.0; one
+//   thread, 8 rows 20.5-21.5 -> 17.8. Each output's sum runs in the same order either way:
+//   bit-identical.
+template <int NR, int MAXBT>
+__attribute__((target(BATON_BF16_TARGET))) void batch_dp(const ArgsB& a, Tile tl) {
   int64_t b = 0;
-  for (; b + 8 <= a.B; b += 8, tl.pf = 0) tile_dp<NR, 8>(a, tl, b);
-  switch (a.B - b) {
-    case 7: tile_dp<NR, 7>(a, tl, b); break;
-    case 6: tile_dp<NR, 6>(a, tl, b); break;
-    case 5: tile_dp<NR, 5>(a, tl, b); break;
-    case 4: tile_dp<NR, 4>(a, tl, b); break;
-    case 3: tile_dp<NR, 3>(a, tl, b); break;
-    case 2: tile_dp<NR, 2>(a, tl, b); break;
-    case 1: tile_dp<NR, 1>(a, tl, b); break;
-    default: break;
-  }
+  for (; b + MAXBT <= a.B; b += MAXBT, tl.pf = 0) tile_dp<NR, MAXBT>(a, tl, b);
+  rest_dp<NR, MAXBT - 1>(a, tl, b, a.B - b);
+}
+
+// Rows [o0, o1) in NR distant streams (gemv.cpp's rows_generic), each tile prefetching the
+// rows PF_TILES tiles on; the rows left over go one at a time.
+template <int NR, int MAXBT>
+__attribute__((target(BATON_BF16_TARGET))) void walk_dp(const ArgsB& a, int64_t o0, int64_t o1) {
+  const int64_t q = (o1 - o0) / NR;
+  for (int64_t i = 0; i < q; ++i)
+    batch_dp<NR, MAXBT>(a, Tile{o0 + i, q, i + PF_TILES < q ? PF_TILES : 0});
+  for (int64_t o = o0 + q * NR; o < o1; ++o) batch_dp<1, MAXBT>(a, Tile{o, 1, 0});
 }
 
 __attribute__((target(BATON_BF16_TARGET))) void rows_dp(const ArgsB& a, int64_t o0, int64_t o1) {
-  if (a.B >= 5) {
-    const int64_t q = (o1 - o0) / 3;
-    for (int64_t i = 0; i < q; ++i)
-      batch8_dp<3>(a, Tile{o0 + i, q, i + PF_TILES < q ? PF_TILES : 0});
-    for (int64_t o = o0 + q * 3; o < o1; ++o) batch8_dp<1>(a, Tile{o, 1, 0});
-    return;
-  }
-  const int64_t q = (o1 - o0) / R;
-  for (int64_t i = 0; i < q; ++i) batch_dp<R>(a, Tile{o0 + i, q, i + PF_TILES < q ? PF_TILES : 0});
-  for (int64_t o = o0 + q * R; o < o1; ++o) batch_dp<1>(a, Tile{o, 1, 0});
+  if (a.B >= 5)
+    walk_dp<3, 8>(a, o0, o1);
+  else
+    walk_dp<R, 4>(a, o0, o1);
 }
 #endif  // BATON_X86
 
