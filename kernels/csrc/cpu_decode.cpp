@@ -213,25 +213,25 @@ void check_float(const torch::Tensor& t, at::ScalarType dtype, const char* name)
               "cpu_decode: ", name, " must be a contiguous CPU tensor of kv_cache's dtype");
 }
 
-// Every cache line of KV head h's K and V of token t's context (positions < lens[t]) in this
-// layer asked into L2 at once. A layer's K/V is cold (the GEMVs between two visits stream
+// Every cache line of KV heads [h0, h1)'s K and V of token t's context (positions < lens[t]) in
+// this layer asked into L2 at once. A layer's K/V is cold (the GEMVs between two visits stream
 // megabytes of weights), and the attention walks it block by block, a few lines at a time: with
-// the whole context requested up front the reads overlap (bf16, 8 rows of 250 positions,
-// SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318 -> 238-294 µs, two
-// 208 -> 122-178; the same data cache-hot takes ~88). Called for the next item while this one
-// computes.
+// the whole context requested up front the reads overlap (measured with all heads: bf16, 8 rows
+// of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318
+// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for the next
+// item while this one computes.
 template <typename T>
-inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h) {
+inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
 #ifdef BATON_X86
   const int64_t N = a.lens[t], row = a.Hkv * a.D, blocks = (N + a.BS - 1) / a.BS;
-  const int64_t row_bytes = row * int64_t(sizeof(T)), head_bytes = a.D * int64_t(sizeof(T));
+  const int64_t row_bytes = row * int64_t(sizeof(T)), span = (h1 - h0) * a.D * int64_t(sizeof(T));
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t used = std::min<int64_t>(a.BS, N - b * a.BS);
     const char* k = reinterpret_cast<const char*>(
-        a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row + h * a.D);
+        a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row + h0 * a.D);
     const char* v = k + a.BS * row_bytes;
     for (int64_t n = 0; n < used; ++n)
-      for (int64_t off = n * row_bytes; off < n * row_bytes + head_bytes; off += 64) {
+      for (int64_t off = n * row_bytes; off < n * row_bytes + span; off += 64) {
         _mm_prefetch(k + off, _MM_HINT_T1);
         _mm_prefetch(v + off, _MM_HINT_T1);
       }
@@ -239,34 +239,46 @@ inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h) {
 #endif
 }
 
-// One work item per (token t, KV head h): it writes h's part of t's new slot, then reads only
-// h's K/V of t's own sequence (one decode token per sequence), so items may run on any thread
-// in any order, and a batch of one token still spreads its heads over the threads (the
-// attention of a lone decode row is bound by one core's memory reads). With `query`
-// (decode_attend_out; a.qkv null) t's q is that row, already rotated (widened; the cache is
-// already written): the same q values rotate_and_write would give, so the same bits.
+// Work items: a token t and a range of its KV heads. Item (t, h) writes h's part of t's new
+// slot, then reads only h's K/V of t's own sequence (one decode token per sequence), so items
+// may run on any thread in any order, and each head's operations are the same whatever the
+// split: the bits do not depend on it. With at least a token per thread an item is a token
+// (all its heads: whole K/V rows prefetched); with fewer tokens than threads an item is one
+// head, so a lone decode row spreads its heads over the cores (its attention is bound by one
+// core's memory reads). bf16, SmolLM2 heads, one layer, 2 threads, old and new alternated:
+// 1 row x 1,000 positions 97-108 -> 68-72 µs; per-head items at 8 rows were no faster (8 x
+// 300: 142-182 as tokens, 168-182 as heads). With `query` (decode_attend_out; a.qkv null) t's
+// q is that row, already rotated (widened; the cache is already written): the same q values
+// rotate_and_write would give, so the same bits.
 template <typename T>
 void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
   const int64_t G = a.Hq / a.Hkv, D = a.D;
-  at::parallel_for(0, T_ * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
+  const int64_t per = T_ >= at::get_num_threads() ? a.Hkv : 1;  // heads an item
+  const int64_t parts = a.Hkv / per;
+  at::parallel_for(0, T_ * parts, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> q(G * D), p(G * max_len);
     std::vector<const T*> rows(max_len);
-    if (i0 < i1) prefetch_context(a, i0 / a.Hkv, i0 % a.Hkv);
+    auto prefetch = [&](int64_t i) {
+      prefetch_context(a, i / parts, i % parts * per, i % parts * per + per);
+    };
+    if (i0 < i1) prefetch(i0);
     int64_t rows_of = -1;  // the token `rows` holds
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / a.Hkv, h = i % a.Hkv;
-      if (i + 1 < i1) prefetch_context(a, (i + 1) / a.Hkv, (i + 1) % a.Hkv);
-      if (query != nullptr) {
-        const T* src = query + (t * a.Hq + h * G) * D;
-        for (int64_t j = 0; j < G * D; ++j) q[j] = static_cast<float>(src[j]);
-      } else {
-        rotate_and_write(a, t, h, q.data());
-      }
+      const int64_t t = i / parts;
+      if (i + 1 < i1) prefetch(i + 1);
       if (rows_of != t) k_rows(a, t, rows.data()), rows_of = t;
+      for (int64_t h = i % parts * per; h < i % parts * per + per; ++h) {
+        if (query != nullptr) {
+          const T* src = query + (t * a.Hq + h * G) * D;
+          for (int64_t j = 0; j < G * D; ++j) q[j] = static_cast<float>(src[j]);
+        } else {
+          rotate_and_write(a, t, h, q.data());
+        }
 #ifdef BATON_X86
-      if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
+        if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
 #endif
-      attend_scalar(a, t, h, q.data(), rows.data(), p.data());
+        attend_scalar(a, t, h, q.data(), rows.data(), p.data());
+      }
     }
   });
 }
@@ -281,7 +293,7 @@ void launch(const T* qkv, int64_t ldqkv, const T* query, int64_t T_, const T* co
   Attn<T> a{qkv, ldqkv, cos, sin, pos, kv_cache.data_ptr<T>(), layer, kv_cache.size(1),
             kv_cache.size(3), Hq, kv_cache.size(4), D, slots, tab, MB, lens,
             static_cast<float>(scale), out.data_ptr<T>()};
-  const bool simd = use_avx512(isa) && D % 16 == 0 && Hq <= 64;
+  const bool simd = use_avx512(isa) && D % 16 == 0;  // group <= 8: checked by the callers
 #ifdef BATON_X86
   static const bool has_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
                               && __builtin_cpu_supports("avx512vl");
