@@ -3,7 +3,7 @@
 Serves `/v1/chat/completions` and `/v1/completions` (stream only) and `/health`; as Baton
 (`baton=True`) also `/version`, `/v1/models` and `/metrics/workers` (two fake workers whose
 running count is the requests in flight, in vLLM's metric names). Prompts are
-"tokenized" as 4-character pieces (chat: ChatML rendering), as words (completion text) or taken
+"tokenized" as 4-character pieces (chat: ChatML rendering, counted as the client counts), as words (completion text) or taken
 as given token ids. A simulated prefix cache reports `cached_tokens` = the longest prefix shared
 with any earlier prompt, in 16-token blocks, capped at len - 1. Every request is logged with its
 arrival/finish times and `X-Session-ID`.
@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from baton.bench.tokens import _piece_ids
+from baton.bench.tokens import TokenCounter
 
 BLOCK = 16
 
@@ -50,9 +50,11 @@ class FakeServer:
 
     def tokens(self, body: dict, chat: bool) -> list[int]:
         if chat:
-            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
-                           for m in body["messages"]) + "<|im_start|>assistant\n"
-            return _piece_ids(text)
+            # the client's own count (ChatML, 4-character pieces per rendered message), so
+            # the fake's prefix hits and the client's bounds are in the same tokens
+            messages = body["messages"]
+            return TokenCounter(None).chat_prompts(messages, [len(messages)],
+                                                   body.get("tools"))[0].tolist()
         prompt = body["prompt"]
         if isinstance(prompt, list):
             return list(prompt)

@@ -93,8 +93,9 @@ def test_bench_tau_bench_chat(traces, tmp_path):
     assert (level["sessions_started"], level["sessions_finished"]) == (2, 2)
     s = level["summary"]
     assert s["measured"] == 6
-    # the fake caches 16-token blocks of earlier prompts: at least the session-local ideal
-    # minus block rounding, and never more than the global ideal
+    # the fake caches 16-token blocks of earlier prompts, in the client's own token count
+    # (when it counted 4-character pieces over the whole ChatML text, its prompt lengths
+    # differed from the client's and the ratio could pass the bound by 0.1%: stop 35's CI)
     assert s["prefix_hit_actual"] <= s["prefix_hit_global"] + 1e-9
 
 
