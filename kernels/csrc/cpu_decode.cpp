@@ -21,6 +21,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -239,45 +240,62 @@ inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1
 #endif
 }
 
-// Work items: a token t and a range of its KV heads. Item (t, h) writes h's part of t's new
-// slot, then reads only h's K/V of t's own sequence (one decode token per sequence), so items
-// may run on any thread in any order, and each head's operations are the same whatever the
-// split: the bits do not depend on it. With at least a token per thread an item is a token
-// (all its heads: whole K/V rows prefetched); with fewer tokens than threads an item is one
-// head, so a lone decode row spreads its heads over the cores (its attention is bound by one
-// core's memory reads). bf16, SmolLM2 heads, one layer, 2 threads, old and new alternated:
-// 1 row x 1,000 positions 97-108 -> 68-72 µs; per-head items at 8 rows were no faster (8 x
-// 300: 142-182 as tokens, 168-182 as heads). With `query` (decode_attend_out; a.qkv null) t's
-// q is that row, already rotated (widened; the cache is already written): the same q values
+// Work units: a token t and one of its KV heads h. Unit (t, h) writes h's part of t's new slot,
+// then reads only h's K/V of t's own sequence (one decode token per sequence), so units may run
+// on any thread in any order, and each head's operations are the same whatever the split: the
+// bits do not depend on it. Each thread takes a contiguous run of units, (t, h) in order, cut
+// where the context positions (plus UNIT_COST for a unit's fixed work) reach its share: a
+// decode batch's contexts differ (an agent's 4,000-token session beside a 300-token one), and
+// runs of equal unit counts left one core reading most of the K/V while the other waited. A
+// thread runs its units as items, each a token's heads within its run (whole K/V rows asked for
+// when that is all of them); a lone decode row spreads its heads over the cores (its attention
+// is bound by one core's memory reads). With `query` (decode_attend_out; a.qkv null) t's q is
+// that row, already rotated (widened; the cache is already written): the same q values
 // rotate_and_write would give, so the same bits.
+constexpr int64_t UNIT_COST = 16;
+
+// The first unit of thread k's run of nt: the unit boundary nearest its share k/nt of the
+// weight; cum [units + 1]: the weight of the units before each one.
+inline int64_t first_unit(const std::vector<int64_t>& cum, int64_t k, int64_t nt) {
+  const int64_t target = cum.back() * k / nt;
+  auto it = std::lower_bound(cum.begin(), cum.end(), target);
+  if (it != cum.begin() && target - *(it - 1) < *it - target) --it;
+  return it - cum.begin();
+}
+
 template <typename T>
 void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool simd) {
-  const int64_t G = a.Hq / a.Hkv, D = a.D;
-  const int64_t per = T_ >= at::get_num_threads() ? a.Hkv : 1;  // heads an item
-  const int64_t parts = a.Hkv / per;
-  at::parallel_for(0, T_ * parts, 1, [&](int64_t i0, int64_t i1) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, H = a.Hkv, units = T_ * H;
+  std::vector<int64_t> cum(units + 1, 0);
+  for (int64_t u = 0; u < units; ++u) cum[u + 1] = cum[u] + a.lens[u / H] + UNIT_COST;
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), units);
+  at::parallel_for(0, nt, 1, [&](int64_t k0, int64_t k1) {
     std::vector<float> q(G * D), p(G * max_len);
     std::vector<const T*> rows(max_len);
-    auto prefetch = [&](int64_t i) {
-      prefetch_context(a, i / parts, i % parts * per, i % parts * per + per);
-    };
-    if (i0 < i1) prefetch(i0);
-    int64_t rows_of = -1;  // the token `rows` holds
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / parts;
-      if (i + 1 < i1) prefetch(i + 1);
-      if (rows_of != t) k_rows(a, t, rows.data()), rows_of = t;
-      for (int64_t h = i % parts * per; h < i % parts * per + per; ++h) {
-        if (query != nullptr) {
-          const T* src = query + (t * a.Hq + h * G) * D;
-          for (int64_t j = 0; j < G * D; ++j) q[j] = static_cast<float>(src[j]);
-        } else {
-          rotate_and_write(a, t, h, q.data());
-        }
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t u0 = first_unit(cum, k, nt), u1 = first_unit(cum, k + 1, nt);
+      auto item_end = [&](int64_t u) { return std::min(u1, (u / H + 1) * H); };
+      auto prefetch = [&](int64_t u) {
+        prefetch_context(a, u / H, u % H, item_end(u) - u / H * H);
+      };
+      if (u0 < u1) prefetch(u0);
+      int64_t rows_of = -1;  // the token `rows` holds
+      for (int64_t u = u0; u < u1; u = item_end(u)) {
+        const int64_t t = u / H;
+        if (item_end(u) < u1) prefetch(item_end(u));
+        if (rows_of != t) k_rows(a, t, rows.data()), rows_of = t;
+        for (int64_t h = u % H; h < item_end(u) - t * H; ++h) {
+          if (query != nullptr) {
+            const T* src = query + (t * a.Hq + h * G) * D;
+            for (int64_t j = 0; j < G * D; ++j) q[j] = static_cast<float>(src[j]);
+          } else {
+            rotate_and_write(a, t, h, q.data());
+          }
 #ifdef BATON_X86
-        if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
+          if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
 #endif
-        attend_scalar(a, t, h, q.data(), rows.data(), p.data());
+          attend_scalar(a, t, h, q.data(), rows.data(), p.data());
+        }
       }
     }
   });

@@ -82,6 +82,26 @@ def test_attention_is_batch_invariant(isa):
 
 
 @needs_native
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("lens", [[500, 10, 10], [30, 480], [400, 20, 20, 300, 5]])
+def test_attention_bits_do_not_depend_on_the_thread_split(isa, lens):
+    """Threads take runs of (token, KV head) units cut by context length, so with unequal
+    contexts a token's heads may be split between threads ([500, 10, 10] on 2 threads: two of
+    its heads on one, the third on the other): the same bits on 1, 2 and 3 threads."""
+    qkv, cos, sin, pos, cache, slots, tables, ctx = _bf16_case(lens, 9, 3, 64, seed=2)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(cd.decode_attention(qkv, cos, sin, pos, cache.clone(), 0, slots, tables,
+                                            ctx, 0.125, 9, isa))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@needs_native
 def test_mixed_dtypes_raise_before_writing():
     """(Bad indices and negative slots: tests/kernels/test_cpu_decode.py, fp32 and bf16.)"""
     qkv, cos, sin, pos, cache, slots, tables, ctx = _bf16_case([20, 7], 9, 3, 64)
