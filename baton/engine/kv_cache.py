@@ -132,6 +132,17 @@ class KVCacheManager:
         """Chained hashes of the request's full blocks of `token_ids` (memoized per request)."""
         return self._hashes(request_id, token_ids)
 
+    def peek_cached_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Tokens of the request's prefix the pool holds now (block aligned, at least one
+        token left to compute), as `get_computed_blocks` would find them without a tier: no
+        references taken, nothing loaded. For estimates of a waiting request's work."""
+        if not self.enable_prefix_caching:
+            return 0
+        hashes = self._hashes(request_id, token_ids)
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        return len(pool_hits(self.pool, self.block_size, hashes[:max_blocks], token_ids)) \
+            * self.block_size
+
     def get_computed_blocks(
         self, request_id: str, token_ids: Sequence[int], reserved_blocks: int = 0
     ) -> tuple[list[Block], int]:

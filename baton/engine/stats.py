@@ -104,7 +104,8 @@ class EngineCounts(NamedTuple):
 class EngineStats(NamedTuple):
     """A consistent snapshot (take it on the engine thread: `AsyncEngine.call`).
 
-    num_waiting_tokens: prompt tokens still to compute over waiting and running requests.
+    num_waiting_tokens: prompt tokens still to compute over waiting and running requests (a
+    waiting request's less the prefix the pool holds for it now: KVCacheManager.peek_cached_tokens).
     num_free_blocks counts blocks no live request holds (cached-but-evictable included).
     load: max(KV usage, running / max_num_seqs) + waiting / max_num_seqs (≥ 0; 1 ≈ full).
     block_hashes: every cached block's chained hash, when asked for (else empty).
@@ -126,8 +127,15 @@ def snapshot(waiting: Collection[Request], running: Collection[Request], kv: KVC
              max_num_seqs: int, counts: EngineCounts, include_block_hashes: bool,
              prefill_tokens_per_s: float = 0.0) -> EngineStats:
     """EngineStats of a scheduler's queues and its KV manager (engine thread)."""
-    waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                         for r in (*waiting, *running))
+    # a waiting request's prefix hit is not applied until it is scheduled (num_computed_tokens
+    # 0 till then): counted from the pool now, or an agent's burst of continuation turns
+    # (each a short suffix after a long cached prefix) weighs its whole prompts, and the P/D
+    # decider prices the local queue several times too long (BENCHMARKS.md, stop 36)
+    waiting_tokens = sum(
+        max(0, r.num_prompt_tokens - max(r.num_computed_tokens,
+                                         kv.peek_cached_tokens(r.request_id, r.prompt_token_ids)))
+        for r in waiting)
+    waiting_tokens += sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in running)
     seqs = max_num_seqs
     load = max(kv.usage, len(running) / seqs) + len(waiting) / seqs
     hashes = tuple(kv.cached_block_hashes()) if include_block_hashes else ()
