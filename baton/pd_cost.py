@@ -18,7 +18,11 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
                + (blocks written to decode + blocks decode holds, read by prefill at worst)
                  × bytes per block / transfer rate + a fixed call overhead
                remote rate: the prefill worker's, × (1 − remote_stall_fraction) while decode
-               runs sequences (on shared cores a busy decode keeps its share of them)
+               runs sequences (on shared cores a busy decode keeps its share of them);
+               on shared cores the first term is at least decode's queued prefill work at
+               decode's share, (decode's queue / local rate) / (1 − remote_stall_fraction):
+               that work runs meanwhile on the same cores, and the first token comes from a
+               decode step after it (`shared_remote_s`)
     remote stall = remote_stall_fraction × uncached / remote rate
                what the running sequences lose while the remote prefill computes beside
                them on cores they share (`baton up --pin share`: both busy, each worker
@@ -169,7 +173,8 @@ def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
     held = s.num_cached_tokens // s.block_size
     written = math.ceil(s.num_prompt_tokens / s.block_size) - held  # into decode's blocks
     read = held  # decode's hit, read by the prefill worker where it lacks it (at worst all)
-    remote = (s.prefill_waiting_tokens + uncached) / rate \
+    remote = shared_remote_s((s.prefill_waiting_tokens + uncached) / rate,
+                             s.decode_waiting_tokens / local_rate, p) \
         + (written + read) * s.block_bytes / r.transfer_bytes_per_s + p.remote_overhead_s
     remote_stall = p.remote_stall_fraction * uncached / rate
     return PDCosts(uncached, stall, local, remote, remote_stall)
@@ -189,6 +194,25 @@ def path_rates(local: float, remote: float, decode_running: int,
         return local, remote
     best = max(local, remote)
     return best, best * max(1e-3, 1.0 - f) if decode_running > 0 else best
+
+
+def shared_remote_s(remote_compute_s: float, decode_queue_s: float, p: PDPolicy) -> float:
+    """When a remote prefill's first token can come, from its compute time: on cores the
+    workers share (remote_stall_fraction f > 0) decode's queued prefill work (decode_queue_s
+    at all the cores) runs meanwhile on the share decode keeps, 1 − f, and the remote
+    request's first token comes from a decode step after it: not before
+    decode_queue_s / (1 − f). On cores of its own the prefill worker computes beside decode:
+    compute time unchanged.
+
+    Measured (BENCHMARKS.md, stop 36): four continuation turns of an agent burst on the
+    default cluster (2 shared vCPUs); the model without this term sent one of them remote as
+    "faster" (remote 0.17 s against 0.23 local behind the other two), and the local two then
+    ran beside it at half the cores: all three first tokens came together at 435-640 ms,
+    against 272-446 with every prefill local."""
+    f = p.remote_stall_fraction
+    if f <= 0 or decode_queue_s <= 0:
+        return remote_compute_s
+    return max(remote_compute_s, decode_queue_s / max(1e-3, 1.0 - f))
 
 
 def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:

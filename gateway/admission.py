@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from baton.pd_cost import PDCosts, PDPolicy, choose, path_rates
+from baton.pd_cost import PDCosts, PDPolicy, choose, path_rates, shared_remote_s
 from gateway.errors import GatewayError
 
 PRIOR_TOKENS_PER_S = 2000.0  # a few thousand prompt tokens/s until the worker measures
@@ -133,8 +133,8 @@ class SLOAdmission:
         local, remote, p = preds[0], preds[1], decode.policy
         local_rate, remote_rate = path_rates(local.rate, remote.rate, decode.num_running, p)
         local, remote = _at(local, local_rate, uncached), _at(remote, remote_rate, uncached)
-        go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds,
-                                      remote.seconds,
+        remote_s = shared_remote_s(remote.seconds, local.seconds - local.idle_seconds, p)
+        go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds, remote_s,
                                       p.remote_stall_fraction * remote.idle_seconds),
                               decode.num_running, p)
         return remote if go_remote else local

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from baton.pd_cost import PRIOR_PREFILL_TOKENS_PER_S, PDPolicy, PDRates, PDState, decide
+from baton.pd_cost import (PRIOR_PREFILL_TOKENS_PER_S, PDPolicy, PDRates, PDState, decide,
+                           shared_remote_s)
 from decode_service.pd_rates import PDEstimator
 
 RATES = PDRates(local_tokens_per_s=2000.0, remote_tokens_per_s=2000.0,
@@ -127,9 +128,14 @@ def test_on_shared_cores_a_busy_decode_takes_the_faster_path():
     # own cores (fraction 0): the batch is protected, as before
     own = decide(state(1000, cached=700, running=3), cpu, POLICY)
     assert (own.path, own.reason) == ("remote", "itl_budget")
-    # a long local queue makes the remote path the faster one: it stays remote
+    # a long local queue does not make the remote path faster on shared cores: the queue
+    # runs meanwhile at decode's share of the same cores, and the remote first token comes
+    # from a decode step after it (pd_cost.shared_remote_s)
     queued = decide(state(1000, cached=700, running=3, decode_queue=3000), cpu, shared)
-    assert (queued.path, queued.reason) == ("remote", "shared_faster_remote")
+    assert (queued.path, queued.reason) == ("local", "shared_faster_local")
+    assert queued.remote_s >= (3000 / 590) / 0.5
+    # on the prefill worker's own cores the same queue sends it remote (ITL budget)
+    assert decide(state(1000, cached=700, running=3, decode_queue=3000), cpu, POLICY).remote
     # a remote prefill that takes less of the cores (a quarter: 160 tokens stall the batch
     # 80 ms here, 27 ms there) stays inside the budget and still protects the batch
     quarter = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.25)
@@ -149,3 +155,16 @@ def test_on_shared_cores_an_idle_decode_keeps_a_long_prompt_unless_remote_is_fas
     # within the idle budget on the remote side (0.5 × 800 / 2000 = 0.2 s ≤ 0.25 s): as
     # before, remote for a prompt too long to keep here
     assert decide(state(800), RATES, shared).reason == "long_prompt"
+
+
+def test_shared_cores_price_the_remote_first_token_behind_decodes_queue():
+    """The burst of stop 36 (BENCHMARKS.md): a ~100-token continuation turn behind two
+    others queued on decode (0.148 s of work at all the cores), remote_stall_fraction 0.47:
+    its remote compute (0.156 s at the share it gets) used to beat local (0.23 s), and the
+    local two then ran at half the cores; priced behind decode's queue at decode's share
+    (0.148 / 0.53 = 0.28 s) it stays local. Own cores (fraction 0) or no queue: unchanged."""
+    p = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.47)
+    assert shared_remote_s(0.156, 0.148, p) == pytest.approx(0.148 / 0.53)
+    assert shared_remote_s(0.156, 0.0, p) == 0.156
+    assert shared_remote_s(0.156, 0.148, PDPolicy()) == 0.156
+    assert shared_remote_s(0.5, 0.148, p) == 0.5
