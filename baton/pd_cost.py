@@ -167,7 +167,7 @@ def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
     """The estimate of the module docstring for one request."""
     uncached = max(0, s.num_prompt_tokens - s.num_cached_tokens)
     local_rate, rate = path_rates(r.local_tokens_per_s, r.remote_tokens_per_s,
-                                  s.decode_running, p)
+                                  s.decode_running, p, s.decode_waiting_tokens)
     stall = uncached / local_rate
     local = (s.decode_waiting_tokens + uncached) / local_rate
     held = s.num_cached_tokens // s.block_size
@@ -181,19 +181,23 @@ def costs(s: PDState, r: PDRates, p: PDPolicy) -> PDCosts:
 
 
 def path_rates(local: float, remote: float, decode_running: int,
-               p: PDPolicy) -> tuple[float, float]:
+               p: PDPolicy, decode_queue_tokens: int = 0) -> tuple[float, float]:
     """(local, remote) prefill tokens/s to price the two paths with now, from the measured
     ones. On cores the workers share (remote_stall_fraction > 0) both are the higher of the
     two: the paths run on the same cores, and each measured rate undercounts them (decode's
     steps carry its decode rows, a rate learned from whole requests their fixed costs), so a
     gap between them is measurement, not hardware. The remote one then loses the share of
     the cores a busy decode keeps (a remote prefill beside a busy decode on two shared cores
-    runs on one). With no share, the measured rates unchanged."""
+    runs on one); decode is busy when it runs sequences or has prompt tokens queued
+    (`decode_queue_tokens`: its own prefill steps hold their share as well: an agent burst's
+    turn sent remote beside them ran at half the cores, BENCHMARKS.md stop 36). With no share,
+    the measured rates unchanged."""
     f = p.remote_stall_fraction
     if f <= 0:
         return local, remote
     best = max(local, remote)
-    return best, best * max(1e-3, 1.0 - f) if decode_running > 0 else best
+    busy = decode_running > 0 or decode_queue_tokens > 0
+    return best, best * max(1e-3, 1.0 - f) if busy else best
 
 
 def shared_remote_s(remote_compute_s: float, decode_queue_s: float, p: PDPolicy) -> float:

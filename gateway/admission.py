@@ -131,7 +131,8 @@ class SLOAdmission:
         if len(preds) < 2:
             return preds[0]
         local, remote, p = preds[0], preds[1], decode.policy
-        local_rate, remote_rate = path_rates(local.rate, remote.rate, decode.num_running, p)
+        local_rate, remote_rate = path_rates(local.rate, remote.rate, decode.num_running, p,
+                                             local.ahead)
         local, remote = _at(local, local_rate, uncached), _at(remote, remote_rate, uncached)
         remote_s = shared_remote_s(remote.seconds, local.seconds - local.idle_seconds, p)
         go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds, remote_s,

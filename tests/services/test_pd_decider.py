@@ -168,3 +168,15 @@ def test_shared_cores_price_the_remote_first_token_behind_decodes_queue():
     assert shared_remote_s(0.156, 0.0, p) == 0.156
     assert shared_remote_s(0.156, 0.148, PDPolicy()) == 0.156
     assert shared_remote_s(0.5, 0.148, p) == 0.5
+
+
+def test_on_shared_cores_decodes_queued_prefill_makes_it_busy():
+    """Nothing running on decode yet, but a prompt queued there (the first turn of a burst):
+    its prefill steps keep decode's share of the shared cores, so a remote prefill beside them
+    is priced at the rest, as beside running sequences: the second turn of the burst stays
+    local (it went remote as "idle_faster_remote" when an idle decode's rate was assumed)."""
+    shared = PDPolicy(itl_budget_s=0.05, remote_stall_fraction=0.5)
+    rates = PDRates(local_tokens_per_s=1300.0, remote_tokens_per_s=1300.0)
+    d = decide(state(500, cached=400, running=0, decode_queue=60), rates, shared)
+    assert not d.remote
+    assert d.remote_s >= 100 / 650
