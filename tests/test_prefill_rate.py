@@ -43,4 +43,3 @@ def test_the_engine_measures_its_prefill_and_reports_it(tiny_llama):
     assert llm.engine.prefill_rate.samples == 1  # the prefill step; decode steps do not count
     msg = worker_stats(stats, common_pb2.WORKER_ROLE_DECODE, "w", common_pb2.KVLayout(), 1)
     assert msg.prefill_tokens_per_s == pytest.approx(stats.prefill_tokens_per_s, rel=1e-6)
-
