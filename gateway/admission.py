@@ -134,7 +134,7 @@ class SLOAdmission:
         local_rate, remote_rate = path_rates(local.rate, remote.rate, decode.num_running, p,
                                              local.ahead)
         local, remote = _at(local, local_rate, uncached), _at(remote, remote_rate, uncached)
-        remote_s = shared_remote_s(remote.seconds, local.seconds - local.idle_seconds, p)
+        remote_s = shared_remote_s(remote.seconds, local.ahead / local.rate, p)  # decode's queue
         go_remote, _ = choose(PDCosts(uncached, local.idle_seconds, local.seconds, remote_s,
                                       p.remote_stall_fraction * remote.idle_seconds),
                               decode.num_running, p)

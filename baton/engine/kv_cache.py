@@ -138,10 +138,16 @@ class KVCacheManager:
         references taken, nothing loaded. For estimates of a waiting request's work."""
         if not self.enable_prefix_caching:
             return 0
+        return len(self._pool_prefix(request_id, token_ids)[2]) * self.block_size
+
+    def _pool_prefix(self, request_id: str, token_ids: Sequence[int]
+                     ) -> tuple[list[int], int, list[Block]]:
+        """(block hashes, most blocks a hit may cover: one token is always left to compute,
+        the leading blocks the pool holds)."""
         hashes = self._hashes(request_id, token_ids)
         max_blocks = (len(token_ids) - 1) // self.block_size
-        return len(pool_hits(self.pool, self.block_size, hashes[:max_blocks], token_ids)) \
-            * self.block_size
+        return hashes, max_blocks, pool_hits(self.pool, self.block_size, hashes[:max_blocks],
+                                             token_ids)
 
     def get_computed_blocks(
         self, request_id: str, token_ids: Sequence[int], reserved_blocks: int = 0
@@ -158,9 +164,7 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
-        hashes = self._hashes(request_id, token_ids)
-        max_blocks = (len(token_ids) - 1) // self.block_size
-        hits = pool_hits(self.pool, self.block_size, hashes[:max_blocks], token_ids)
+        hashes, max_blocks, hits = self._pool_prefix(request_id, token_ids)
         if self.tier is not None and len(hits) < max_blocks and self.fits(
                 len(token_ids), hits, reserved_blocks):
             hits += load_from_tier(self.pool, self.tier, self.block_size, hashes[:max_blocks],
