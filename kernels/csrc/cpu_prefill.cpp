@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "bf16.h"
@@ -50,7 +51,7 @@ namespace {
 
 using baton::bf16;
 constexpr int64_t KT = 64;  // keys per tile
-constexpr int64_t QT = 16;  // query tokens per item
+constexpr int64_t QT = 16;  // query tokens per item (fewer when that leaves threads idle)
 constexpr int64_t KW = KT / 2;  // 32-bit words (bf16 pairs) of one row's p per tile
 
 struct Args {
@@ -62,6 +63,7 @@ struct Args {
   float scale;
   uint16_t* out; int64_t ldo;      // [Tq, Hq·D]
   int64_t tiles;                   // key tiles = ceil(N / KT)
+  int64_t qt;                      // query tokens per item, ≤ QT
   uint32_t* kp; uint32_t* vp;      // packed K, V: per head tiles · KT·D/2 words each
 };
 
@@ -90,6 +92,78 @@ inline void pack(const Args& a, int64_t h, int64_t t) {
     for (int64_t d = 0; d < D; ++d) vh[2 * d] = v[d];
   }
 }
+
+#ifdef BATON_X86
+#define BATON_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
+// 16×16 32-bit transpose in registers: r[i] lane j -> r[j] lane i.
+BATON_PACK_TARGET inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // each 128-bit lane of r[i] now holds rows 4·(i/4)..+3 of one 4×4 block; gather the blocks
+  for (int i = 0; i < 4; ++i) {
+    for (int k = 0; k < 4; ++k) t[4 * i + k] = r[4 * k + i];
+  }
+  for (int i = 0; i < 16; i += 4) {
+    const __m512i a = _mm512_shuffle_i32x4(t[i], t[i + 1], 0x88);      // lanes 0,2 | 0,2
+    const __m512i b = _mm512_shuffle_i32x4(t[i], t[i + 1], 0xDD);      // lanes 1,3 | 1,3
+    const __m512i c = _mm512_shuffle_i32x4(t[i + 2], t[i + 3], 0x88);
+    const __m512i d = _mm512_shuffle_i32x4(t[i + 2], t[i + 3], 0xDD);
+    r[i / 4] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[i / 4 + 8] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    r[i / 4 + 4] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[i / 4 + 12] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
+}
+
+// pack() in AVX-512 for D % 32 == 0, the same words: K by 16×16 word transposes of 16 keys'
+// rows, V by interleaving two keys' rows 16 bits at a time. The scalar pack stored every word
+// (K) and half-word (V) on its own: a 4,000-position context cost ~0.6 ms a layer, most of a
+// short suffix's prefill attention (a continuation turn of an agent session).
+BATON_PACK_TARGET inline void pack_avx512(const Args& a, int64_t h, int64_t t) {
+  const int64_t D = a.D, DP = D / 2, n0 = t * KT, words = KT * D / 2;
+  uint32_t* kp = a.kp + (h * a.tiles + t) * words;
+  uint32_t* vp = a.vp + (h * a.tiles + t) * words;
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const uint16_t* krow[16];
+  for (int64_t j0 = 0; j0 < KT; j0 += 16) {
+    for (int i = 0; i < 16; ++i) {
+      const int64_t n = n0 + j0 + i;
+      krow[i] = n < a.N ? kv_row(a, 0, n, h) : nullptr;
+    }
+    for (int64_t w0 = 0; w0 < DP; w0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = krow[i] ? _mm512_loadu_si512(krow[i] + 2 * w0) : zero;
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kp + (w0 + i) * KT + j0, r[i]);
+    }
+  }
+  for (int64_t m = 0; m < KT / 2; ++m) {
+    const int64_t n = n0 + 2 * m;
+    const uint16_t* v0 = n < a.N ? kv_row(a, 1, n, h) : nullptr;
+    const uint16_t* v1 = n + 1 < a.N ? kv_row(a, 1, n + 1, h) : nullptr;
+    uint32_t* dst = vp + m * D;
+    for (int64_t d = 0; d < D; d += 32) {
+      const __m512i x = v0 ? _mm512_loadu_si512(v0 + d) : zero;
+      const __m512i y = v1 ? _mm512_loadu_si512(v1 + d) : zero;
+      const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+      _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi64(lo, lo_idx, hi));
+      _mm512_storeu_si512(dst + d + 16, _mm512_permutex2var_epi64(lo, hi_idx, hi));
+    }
+  }
+}
+#endif
 
 struct Scratch {
   std::vector<uint32_t> q;   // [R4][D/2] words
@@ -150,8 +224,8 @@ BATON_BF16_TARGET inline void pv(const uint32_t* vt, int64_t D, int64_t d0, cons
 }
 
 BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
-  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * QT;
-  const int64_t ti = std::min(QT, a.Tq - i0), R = ti * G, R4 = (R + 3) / 4 * 4;
+  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * a.qt;
+  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, R4 = (R + 3) / 4 * 4;
   s.q.assign(R4 * DP, 0u);
   s.p.resize(4 * KW);
   s.o.assign(R4 * D, 0.0f);
@@ -290,16 +364,28 @@ void prefill_attention_bf16_out(const torch::Tensor& query, const torch::Tensor&
     TORCH_CHECK(0 <= table[b] && table[b] < NB, "cpu_prefill: block id out of range");
 #ifdef BATON_X86
   const int64_t tiles = (seq_len + KT - 1) / KT, words = KT * D / 2;
-  std::vector<uint32_t> kp(Hkv * tiles * words), vp(Hkv * tiles * words);
+  // every word is written by the pack (zeros past seq_len): no zero-filled allocation
+  std::unique_ptr<uint32_t[]> kp(new uint32_t[Hkv * tiles * words]);
+  std::unique_ptr<uint32_t[]> vp(new uint32_t[Hkv * tiles * words]);
   Args a{reinterpret_cast<const uint16_t*>(query.data_ptr()), query.stride(0),
          reinterpret_cast<const uint16_t*>(kv_cache.data_ptr()), layer, kv_cache.size(1), BS, Hq,
          Hkv, D, Hq / Hkv, table, seq_len, Tq, seq_len - Tq, static_cast<float>(scale),
-         reinterpret_cast<uint16_t*>(out.data_ptr()), out.stride(0), tiles, kp.data(), vp.data()};
+         reinterpret_cast<uint16_t*>(out.data_ptr()), out.stride(0), tiles, QT, kp.get(),
+         vp.get()};
+  // A short suffix over a long context (an agent's next turn) is few items of long walks: 16
+  // query tokens of 3 KV heads are 3 items for 2 threads. Items of 8 or 4 tokens then, so
+  // each thread gets at least two. A row's bits do not depend on its item (file comment).
+  const int64_t threads = at::get_num_threads();
+  while (a.qt > 4 && Hkv * ((Tq + a.qt - 1) / a.qt) < 2 * threads) a.qt /= 2;
+  const bool vector_pack = D % 32 == 0;
   at::parallel_for(0, Hkv * tiles, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) pack(a, i / tiles, i % tiles);
+    for (int64_t i = b; i < e; ++i) {
+      if (vector_pack) pack_avx512(a, i / tiles, i % tiles);
+      else pack(a, i / tiles, i % tiles);
+    }
   });
   // items in the order tile 0, n−1, 1, n−2, ... (per head): contiguous shares get like work
-  const int64_t nq = (Tq + QT - 1) / QT;
+  const int64_t nq = (Tq + a.qt - 1) / a.qt;
   at::parallel_for(0, Hkv * nq, 1, [&](int64_t b, int64_t e) {
     Scratch s;
     for (int64_t i = b; i < e; ++i) {

@@ -72,6 +72,40 @@ def test_chunking_and_threads_do_not_change_bits():
         torch.set_num_threads(threads)
 
 
+def test_short_suffix_over_long_context_same_bits_on_any_threads():
+    """An agent's next turn: a few query tokens over a long cached context. The op then cuts
+    its work into smaller items so every thread gets some (cpu_prefill.cpp): a row's bits stay
+    those of the whole prompt in one call, on 1-4 threads."""
+    q, cache, table = _case(1400, 1400, seed=7)
+    whole = cp.prefill_attention(q, cache, 1, table, 1400, 0.125)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3, 4):
+            torch.set_num_threads(n)
+            for tail in (1, 5, 16, 30):
+                got = cp.prefill_attention(q[-tail:], cache, 1, table, 1400, 0.125)
+                assert torch.equal(got, whole[-tail:]), (n, tail)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("head_size,block_size", [(48, 16), (96, 16), (128, 8), (64, 5)])
+def test_other_head_and_block_sizes(head_size, block_size):
+    """K/V packing both ways (AVX-512 transposes where D % 32 == 0, word by word otherwise)
+    and blocks that do not hold whole 16-position groups: the reference rule, and a suffix
+    equal to the same rows of the whole prompt."""
+    hkv, seq_len, nb = 2, 203, 64
+    cache = make_kv_cache(nb, L, block_size, hkv, head_size, torch.bfloat16, head_size)
+    table = make_block_tables([seq_len], block_size, nb, nb, fill=-1, seed=head_size)[0]
+    q = torch.randn(seq_len, 4, head_size,
+                    generator=torch.Generator().manual_seed(block_size)).bfloat16()
+    got = cp.prefill_attention(q, cache, 1, table, seq_len, 0.1)
+    ref32 = cp.prefill_attention_ref(q, cache, 1, table, seq_len, 0.1)
+    assert (got.float() - ref32).abs().max().item() < 0.02
+    tail = cp.prefill_attention(q[-9:], cache, 1, table, seq_len, 0.1)
+    assert torch.equal(tail, got[-9:])
+
+
 def test_plan_takes_native_path_per_sequence():
     """Two sequences in one step through PagedAttentionPlan: each equals its own call alone (no
     row depends on the other sequence) and the paged reference within the tolerance rule."""
