@@ -41,7 +41,12 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
       stall > budget, remote stall > that budget too (the ITL budget while decode runs,
                                    the idle budget while it does not; shared cores: neither
                                    path keeps the budget, so the request does not pay for a
-                                   protection the batch does not get)
+                                   protection the batch does not get), or decode idle on
+                                   shared cores (a sequence arriving during a local prefill
+                                   waits one chunk step; during a remote one it runs at half
+                                   the cores: remote protects it little and costs this
+                                   request the call, measured +8 % on a cold 900-token
+                                   prompt, BENCHMARKS.md stop 37)
                                    → the faster of local / remote
                                                          "shared_faster_local|remote"
       stall > budget, decode busy  → remote                                    "itl_budget"
@@ -58,8 +63,10 @@ fits the ITL budget, or the idle budget while nothing decodes here, and it goes 
 transfer, and no wait behind the prefill worker's queue of long prompts. A first turn (or a
 session that moved) is cold: its stall exceeds both budgets and it goes remote when the
 prefill worker has cores of its own; on cores it shares with decode (`baton up --pin share`,
-the one-host default) it takes the faster path, which is local unless decode's own prefill
-queue is long.
+the one-host default) it takes the faster path, idle or busy: the two paths compute on the
+same cores, and a remote prefill adds the call and the transfer and is priced behind
+decode's own queued prefill work (`shared_remote_s`), so it wins only where the prefill
+worker measures a faster rate or decode's pool has no room.
 The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
 so the gateway predicts with the budgets decode really uses.
 
@@ -230,7 +237,9 @@ def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:
         return faster_remote, "faster_remote" if faster_remote else "faster_local"
     if decode_running == 0 and c.stall_s <= p.idle_budget_s:
         return faster_remote, "idle_faster_remote" if faster_remote else "idle_faster_local"
-    if c.remote_stall_s > (p.itl_budget_s if decode_running > 0 else p.idle_budget_s):
+    idle_shared = decode_running == 0 and p.remote_stall_fraction > 0
+    if idle_shared or c.remote_stall_s > (p.itl_budget_s if decode_running > 0
+                                          else p.idle_budget_s):
         return faster_remote, "shared_faster_remote" if faster_remote else "shared_faster_local"
     if decode_running > 0:
         return True, "itl_budget"
