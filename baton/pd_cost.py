@@ -65,8 +65,8 @@ session that moved) is cold: its stall exceeds both budgets and it goes remote w
 prefill worker has cores of its own; on cores it shares with decode (`baton up --pin share`,
 the one-host default) it takes the faster path, idle or busy: the two paths compute on the
 same cores, and a remote prefill adds the call and the transfer and is priced behind
-decode's own queued prefill work (`shared_remote_s`), so it wins only where the prefill
-worker measures a faster rate or decode's pool has no room.
+decode's own queued prefill work (`shared_remote_s`), so the estimate never finds it
+faster: on one host a request goes remote only when decode's pool has no room for it.
 The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
 so the gateway predicts with the budgets decode really uses.
 
