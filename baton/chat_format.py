@@ -14,7 +14,11 @@ clients send shapes they do not expect:
 - content parts [{"type": "text", "text": ...}] are joined into one string;
 - content null (assistant tool-call turns) becomes "" (SmolLM2's template fails on None);
 - tool_calls[].function.arguments arrive as JSON text; templates (Qwen, Hermes) expect a
-  mapping, so valid JSON objects are parsed, anything else stays text.
+  mapping, so valid JSON objects are parsed, anything else stays text;
+- role "developer" (OpenAI's name for the system prompt since o1; the Agents SDK and Codex
+  send it) becomes "system" unless the template itself names the role: Llama, Mistral, Qwen
+  and SmolLM2 templates do not, and would render an unknown role (or fail) beside their
+  default system prompt, as the Responses API's items already map it.
 Nothing here imports torch or the gateway.
 """
 from __future__ import annotations
@@ -83,9 +87,19 @@ def message_text(content: Any) -> str:
     return "".join(parts)
 
 
-def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """One OpenAI chat message → the plain shape chat templates expect (see the docstring)."""
+def knows_developer_role(template: Any) -> bool:
+    """Whether a chat template (its text; None or a dict of named templates: no) renders
+    the "developer" role itself, so it is passed through instead of becoming "system"."""
+    return isinstance(template, str) and "developer" in template
+
+
+def normalize_message(message: dict[str, Any], developer_as_system: bool = True
+                      ) -> dict[str, Any]:
+    """One OpenAI chat message → the plain shape chat templates expect (see the docstring);
+    `developer_as_system`: a "developer" message becomes a "system" one."""
     out = {k: v for k, v in message.items() if v is not None and k != "content"}
+    if developer_as_system and out.get("role") == "developer":
+        out["role"] = "system"
     out["content"] = message_text(message.get("content"))
     calls = message.get("tool_calls")
     if calls:

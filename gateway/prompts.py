@@ -19,6 +19,7 @@ from typing import Any
 
 from baton.chat_format import (  # noqa: F401  (re-exported: the gateway's names)
     PromptError,
+    knows_developer_role,
     message_text,
     normalize_message,
 )
@@ -40,6 +41,8 @@ class PromptBuilder:
         self.sessions = SessionTokens(self.encoder)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+        self.developer_as_system = not knows_developer_role(
+            chat_template if chat_template is not None else tokenizer.chat_template)
 
     def __reduce__(self):  # to the preparation pool's children: the tokenizer, not the caches
         return type(self), (self.tokenizer, self.max_model_len, self.chat_template)
@@ -75,7 +78,8 @@ class PromptBuilder:
                               "messages")
         try:
             text = self.tokenizer.apply_chat_template(
-                [normalize_message(m) for m in messages], tools=tools or None,
+                [normalize_message(m, self.developer_as_system) for m in messages],
+                tools=tools or None,
                 chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
                 tokenize=False)
         except RequestError:  # PromptError included: a message the template cannot take

@@ -84,6 +84,23 @@ def test_turns_extend_each_other(prompts):
     assert longer[:len(short)] == short
 
 
+def test_developer_role_renders_as_system(prompts):
+    """OpenAI's "developer" message is the system prompt: a template that does not name the
+    role renders it as "system" (as the Responses API does); one that does keeps it."""
+    p = with_template(prompts, SMOLLM_LIKE)
+    said = [{"role": "user", "content": "Hi"}]
+    dev = p.chat_token_ids([{"role": "developer", "content": "Be terse."}] + said)
+    sys_ = p.chat_token_ids([{"role": "system", "content": "Be terse."}] + said)
+    assert dev == sys_
+    assert "<|im_start|>system\nBe terse." in p.tokenizer.decode(dev)
+    knows = with_template(prompts, SMOLLM_LIKE.replace("{% for", "{# developer #}{% for"))
+    text = knows.tokenizer.decode(knows.chat_token_ids(
+        [{"role": "developer", "content": "Be terse."}] + said))
+    assert "<|im_start|>developer\nBe terse." in text
+    assert normalize_message({"role": "developer", "content": "x"}, False)["role"] == \
+        "developer"
+
+
 def test_template_errors_are_prompt_errors(prompts):
     p = with_template(prompts, "{{ raise_exception('roles must alternate') }}")
     with pytest.raises(PromptError, match="roles must alternate"):
