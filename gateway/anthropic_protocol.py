@@ -9,7 +9,9 @@ front door's FrontRequest, in the preparation pool (gateway/prep_pool.py).
       user      text                   → the user message's text (blocks joined by "\\n\\n")
                 tool_result            → a `tool` message (tool_call_id = tool_use_id)
                 image, document, ...   → 400 naming messages[i].content[j]
-      assistant text, tool_use         → content and tool_calls (arguments = input as JSON)
+      assistant text, tool_use         → content and tool_calls (arguments = input as JSON);
+                                         a final assistant text turn is a prefill: the
+                                         answer continues it (continue_final_message)
                 thinking blocks        → dropped (never produced here; sent back by clients)
     tools[] {name, description, input_schema}   → functions (400 for server tools: tools[i].type)
     tool_choice auto | any | tool{name} | none  → auto | required | named | none
@@ -155,7 +157,15 @@ def _front(body: CountTokensRequest, params, view: RequestView, sessions: Sessio
            ignored: tuple[str, ...]) -> FrontRequest:
     messages = field_errors(chat_messages, body)
     tools = field_errors(_tools, body.tools or [])
-    return FrontRequest(body.model, ChatPrompt(messages), params, view, tools=tools,
+    last = messages[-1]
+    # A final assistant turn is a prefill: the answer continues its text (Anthropic's rule);
+    # an empty one asks for nothing.
+    prefill = last["role"] == "assistant" and not last.get("tool_calls")
+    if prefill and not (last["content"] or "").strip():
+        messages, prefill = messages[:-1], False
+    prompt = ChatPrompt(messages, add_generation_prompt=not prefill,
+                        continue_final_message=prefill)
+    return FrontRequest(body.model, prompt, params, view, tools=tools,
                         tool_choice=field_errors(_tool_choice, body.tool_choice),
                         sessions=sessions, ignored=ignored, names=_NAMES)
 

@@ -88,10 +88,12 @@ class OutputFormat:
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """OpenAI-shaped chat messages (gateway/prompts.py normalizes them for the template)."""
+    """OpenAI-shaped chat messages (gateway/prompts.py normalizes them for the template);
+    continue_final_message: the output continues the last (assistant) message's text."""
 
     messages: list[dict]
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,8 +202,9 @@ def prompt_token_count(ctx: PrepContext, req: FrontRequest) -> int:
     ctx.note(req.names.prompt)
     tools = [t.openai() for t in req.tools] or None
     try:
-        return len(ctx.prompts.chat_token_ids(req.prompt.messages, tools,
-                                              req.prompt.add_generation_prompt))
+        return len(ctx.prompts.chat_token_ids(
+            req.prompt.messages, tools, req.prompt.add_generation_prompt,
+            continue_final_message=req.prompt.continue_final_message))
     except PromptError as e:
         raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
 
@@ -258,9 +261,9 @@ def _prompts(ctx: PrepContext, req: FrontRequest, params: common_pb2.SamplingPar
     prompts = ctx.prompts
     if isinstance(req.prompt, ChatPrompt):
         tools = [t.openai() for t in req.tools] or None
-        fns = [lambda: prompts.chat_token_ids(req.prompt.messages, tools,
-                                              req.prompt.add_generation_prompt,
-                                              session_id=session_id)]
+        fns = [lambda: prompts.chat_token_ids(
+            req.prompt.messages, tools, req.prompt.add_generation_prompt,
+            session_id=session_id, continue_final_message=req.prompt.continue_final_message)]
     else:
         # several prompts of one session would evict each other: only one is incremental
         cached_as = session_id if len(req.prompt) == 1 else ""

@@ -68,20 +68,26 @@ class PromptBuilder:
     def chat_token_ids(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None,
                        add_generation_prompt: bool = True,
-                       add_special_tokens: bool = False, session_id: str = "") -> list[int]:
+                       add_special_tokens: bool = False, session_id: str = "",
+                       continue_final_message: bool = False) -> list[int]:
         """Render normalized messages through the chat template and tokenize (incrementally
-        from the session's last prompt when `session_id` is set: gateway/session_tokens.py)."""
+        from the session's last prompt when `session_id` is set: gateway/session_tokens.py).
+        continue_final_message: the last message (an assistant's) is left open, so the
+        output continues its text (transformers' option; Anthropic's prefill)."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
+        if continue_final_message and add_generation_prompt:
+            raise PromptError("continue_final_message and add_generation_prompt cannot both "
+                              "be true", "continue_final_message")
         if self.chat_template is None and self.tokenizer.chat_template is None:
             raise PromptError("the served model has no chat template; use /v1/completions",
                               "messages")
         try:
             text = self.tokenizer.apply_chat_template(
                 [normalize_message(m, self.developer_as_system) for m in messages],
-                tools=tools or None,
-                chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
-                tokenize=False)
+                tools=tools or None, chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=False)
         except RequestError:  # PromptError included: a message the template cannot take
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault

@@ -184,6 +184,8 @@ class ChatCompletionRequest(_Generation):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the output continues the last assistant message (add_generation_prompt false).
+    continue_final_message: bool = False
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -2,6 +2,7 @@
 
     POST /tokenize    {model?, prompt, add_special_tokens? (true), return_token_strs?}
                    or {model?, messages, tools?, add_generation_prompt? (true),
+                       continue_final_message? (false),
                        add_special_tokens? (false), return_token_strs?}
                    → {"count", "max_model_len", "tokens"} (+ "token_strs" when asked)
     POST /detokenize  {model?, tokens} → {"prompt"}
@@ -41,6 +42,7 @@ class TokenizeRequest(Body):
     messages: list[ChatMessage] | None = None
     tools: list[Tool] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
 
@@ -114,7 +116,8 @@ def tokenize_job(ctx: PrepContext, raw: bytes) -> Answer:
             tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools \
                 else None
             ids = prompts.chat_token_ids(messages, tools, body.add_generation_prompt,
-                                         bool(body.add_special_tokens))
+                                         bool(body.add_special_tokens),
+                                         continue_final_message=body.continue_final_message)
     except PromptError as e:
         raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
     out: dict = {"count": len(ids), "max_model_len": prompts.max_model_len, "tokens": ids}

@@ -187,6 +187,25 @@ async def test_version(gateway, fake):
     assert body["workers_dtype"] == {fake.address: "float32"}
 
 
+async def test_continue_final_message_continues_the_assistant_text(gateway, fake):
+    """vLLM's continue_final_message: the prompt ends inside the last assistant message; with
+    add_generation_prompt left true it is a 400 naming the field (as vLLM's)."""
+    chat = [{"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Well, hello"}]
+    r = await post(gateway, "/v1/chat/completions", {
+        "model": MODEL, "messages": chat, "continue_final_message": True,
+        "add_generation_prompt": False})
+    assert r.status_code == 200 and HEADER not in r.headers
+    sent = fake.servicer.requests[-1].prompt_token_ids
+    assert gateway.prompts.tokenizer.decode(sent).endswith("Well, hello")
+    r = await post(gateway, "/v1/chat/completions", {
+        "model": MODEL, "messages": chat, "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    tok = await post(gateway, "/tokenize", {"messages": chat, "continue_final_message": True,
+                                            "add_generation_prompt": False})
+    assert tok.json()["tokens"] == list(sent)
+
+
 # ---- ignored fields ----------------------------------------------------------------------
 async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
     body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},

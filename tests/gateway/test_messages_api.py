@@ -127,6 +127,22 @@ async def test_count_tokens_matches_the_prompt_sent(client, fake):
     assert counted.input_tokens == len(fake.servicer.requests[-1].prompt_token_ids)
 
 
+async def test_a_final_assistant_turn_is_continued(client, fake, prompts):
+    """Anthropic's prefill: the answer continues the last assistant text (the prompt ends
+    inside that turn, no new generation prompt); an empty final turn asks for nothing."""
+    said = [*ASK, {"role": "assistant", "content": [{"type": "text", "text": "It is"}]}]
+    await client.messages.create(model=MODEL, max_tokens=8, messages=said)
+    sent = prompts.tokenizer.decode(fake.servicer.requests[-1].prompt_token_ids)
+    assert sent.endswith("Weather in Paris?<|im_end|>\n<|im_start|>assistant\nIt is"), sent
+    counted = await client.messages.count_tokens(model=MODEL, messages=said)
+    assert counted.input_tokens == len(fake.servicer.requests[-1].prompt_token_ids)
+    await client.messages.create(model=MODEL, max_tokens=8, messages=[
+        *ASK, {"role": "assistant", "content": ""}])
+    plain = fake.servicer.requests[-1].prompt_token_ids
+    await client.messages.create(model=MODEL, max_tokens=8, messages=ASK)
+    assert fake.servicer.requests[-1].prompt_token_ids == plain
+
+
 async def test_errors_are_anthropic_exceptions(client, fake, prompts):
     with pytest.raises(anthropic.NotFoundError) as e:
         await client.messages.create(model="claude-9", max_tokens=8, messages=ASK)

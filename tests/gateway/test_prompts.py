@@ -101,6 +101,17 @@ def test_developer_role_renders_as_system(prompts):
         "developer"
 
 
+def test_continue_final_message_leaves_the_assistant_turn_open(prompts):
+    p = with_template(prompts, SMOLLM_LIKE)
+    chat = [{"role": "user", "content": "Say a number"},
+            {"role": "assistant", "content": "The number is"}]
+    text = p.tokenizer.decode(p.chat_token_ids(chat, add_generation_prompt=False,
+                                               continue_final_message=True))
+    assert text.endswith("<|im_start|>assistant\nThe number is")
+    with pytest.raises(PromptError, match="cannot both"):
+        p.chat_token_ids(chat, continue_final_message=True)
+
+
 def test_template_errors_are_prompt_errors(prompts):
     p = with_template(prompts, "{{ raise_exception('roles must alternate') }}")
     with pytest.raises(PromptError, match="roles must alternate"):
