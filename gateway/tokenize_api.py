@@ -76,7 +76,7 @@ class TokenizeRoutes:
         """Register /tokenize, /detokenize and /version on `app`."""
         app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
         app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
-        app.add_api_route("/version", self.get_version, methods=["GET"])
+        app.add_api_route("/version", self.get_version, methods=["GET", "HEAD"])
 
     async def tokenize(self, request: Request) -> Response:
         """Token ids of a prompt or of templated chat messages (see the module docstring)."""

@@ -219,6 +219,9 @@ async def test_models_health_metrics(gateway):
         await c.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
         health = await c.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
+        for path in ("/health", "/v1/models", "/metrics"):  # uptime checks probe with HEAD
+            head = await c.head(path)
+            assert head.status_code == 200 and head.content == b"", path
         text = (await c.get("/metrics")).text
     for name in ("baton_gateway_ttft_seconds_bucket", "baton_gateway_itl_seconds_bucket",
                  "baton_gateway_e2e_seconds_count", "baton_gateway_routing_decisions_total",
