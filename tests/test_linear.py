@@ -107,3 +107,34 @@ def test_bf16_products_of_many_row_counts_keep_memory_bounded() -> None:
     for rows in range(17, 417):
         lin(_rand(rows, 64, seed=rows).bfloat16())
     assert psutil.Process().memory_info().rss - before < 60 * 2**20
+
+
+@pytest.mark.parametrize("native,split", STORAGES)
+def test_prepacked_bf16_weights_give_the_same_bits(native: bool, split: bool) -> None:
+    """`prepack=True` (oneDNN's prepacked W for the bf16 GEMMs past the native rows): every
+    row count the same bits as unpacked, the native rows untouched, memory bounded as before."""
+    from baton.models.linear import prepack_bf16
+
+    w = _rand(48, 64, seed=6).bfloat16()
+    plain, packed = Linear(w, native, split), Linear(w, native, split, prepack=True)
+    if prepack_bf16(w) is None:
+        pytest.skip("oneDNN's weight prepack is unavailable in this torch build")
+    assert packed._packed is not None and plain._packed is None
+    for rows in (1, 5, gemv.max_rows(torch.bfloat16), gemv.max_rows(torch.bfloat16) + 1, 37,
+                 130, 300):
+        x = _rand(rows, 64, seed=rows + 100).bfloat16()
+        assert torch.equal(packed(x), plain(x)), rows
+    wide = _rand(40, 80, seed=7).bfloat16()  # rows strided past their 64 columns
+    assert torch.equal(packed(wide[:, :64]), plain(wide[:, :64].contiguous()))
+
+
+def test_prepack_only_where_a_second_copy_fits(tmp_path) -> None:
+    from baton.models.linear import PREPACK_MAX_FRACTION, prepack_bf16, prepack_fits
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 32000000 kB\nMemAvailable: 8000000 kB\n")
+    limit = int(PREPACK_MAX_FRACTION * 8000000 * 1024)
+    assert prepack_fits(limit, str(meminfo)) and not prepack_fits(limit + 1, str(meminfo))
+    assert not prepack_fits(1, str(tmp_path / "missing"))
+    assert prepack_bf16(_rand(8, 16, seed=8)) is None  # fp32: never prepacked
+    assert not Linear(_rand(8, 16, seed=8), False, prepack=True)._packed

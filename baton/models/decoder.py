@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
-from baton.models.linear import Linear, use_native_gemv
+from baton.models.linear import Linear, prepack_fits, use_native_gemv
 from kernels import cpu_decode, cpu_rope, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
@@ -109,21 +109,23 @@ class Layer:
     column-split storage of the wide products (off on CUDA, where it buys nothing)."""
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype,
-                 native: bool, device: torch.device | None = None, split: bool = True) -> None:
+                 native: bool, device: torch.device | None = None, split: bool = True,
+                 prepack: bool = False) -> None:
         def get(name: str) -> torch.Tensor | None:
             t = w.get(prefix + name)
             return None if t is None else t.to(device=device, dtype=dtype)
 
         a = "self_attn."
-        self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native)
+        self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native,
+                          prepack=prepack)
         biases = [get(a + f"{p}_proj.bias") for p in "qkv"]
         self.qkv_bias = torch.cat(biases) if biases[0] is not None else None
-        self.o = Linear(get(a + "o_proj.weight"), native)
+        self.o = Linear(get(a + "o_proj.weight"), native, prepack=prepack)
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
         self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-                              native, split=split)
-        self.down = Linear(get("mlp.down_proj.weight"), native, split=split)
+                              native, split=split, prepack=prepack)
+        self.down = Linear(get("mlp.down_proj.weight"), native, split=split, prepack=prepack)
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
 
@@ -165,8 +167,12 @@ class DecoderModel:
         self.native_gemv = cpu and use_native_gemv(dtype)
         place = {"device": self.device, "dtype": dtype}
         self.embed = weights["model.embed_tokens.weight"].to(**place)
+        # bf16 prompt GEMMs from prepacked weights where a second copy fits (linear.py)
+        prepack = cpu and dtype == torch.bfloat16 and prepack_fits(
+            sum(t.numel() for k, t in weights.items() if ".layers." in k) * 2)
         self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv,
-                             self.device, split=cpu) for i in range(cfg.num_hidden_layers)]
+                             self.device, split=cpu, prepack=prepack)
+                       for i in range(cfg.num_hidden_layers)]
         self.norm = weights["model.norm.weight"].to(**place)
         lm_head = weights.get("lm_head.weight")
         tied = lm_head is None or getattr(cfg, "tie_word_embeddings", False)

@@ -18,6 +18,15 @@ it has seen, never returned (torch 2.13, measured on the Zen 4 VM: 0.4–1.2 MB 
 count and weight shape, 856 MB after 2,048 row counts of one small matrix, unchanged by
 ONEDNN_PRIMITIVE_CACHE_CAPACITY), so a server prefilling chunks of every length grew by
 hundreds of MB (tests/test_soak.py); with buckets it is bounded by their number.
+
+Those bf16 GEMMs take W prepacked once at load into oneDNN's blocked layout
+(`prepack=True`: torch.ops.mkldnn._reorder_linear_weight, the weight prepack of torch's
+Inductor CPU path and of vLLM's CPU GEMM), not reordered by oneDNN on every call as
+`F.linear` does: the same bits (every SmolLM2 shape at 33-1,024 rows, 1 and 2 threads), and
+a layer stack's GEMMs on the Zen 4 VM 1.29× faster at 33 rows, 1.26× at 64, 1.15× at 128,
+1.11× at 256, 1.02× at 512 (BENCHMARKS.md, stop 37): a continuation turn's short suffix and a
+decode batch beside a prompt chunk are such steps. It costs a second copy of the matrices,
+so the model prepacks only when they are small beside the free memory (`prepack_fits`).
 """
 from __future__ import annotations
 
@@ -32,6 +41,36 @@ def use_native_gemv(dtype: torch.dtype) -> bool:
     """Whether a model of this dtype on CPU should store its matrices for the native GEMV
     (fp32 or bf16; builds the extension on the first call; False if it cannot be built)."""
     return dtype in (torch.float32, torch.bfloat16) and native.gemv_available()
+
+
+PREPACK_MAX_FRACTION = 0.125  # prepacked copies may take this share of MemAvailable
+
+
+def prepack_fits(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
+    """Whether a second copy of `weight_bytes` of matrices (the prepacked bf16 GEMM weights)
+    is at most PREPACK_MAX_FRACTION of the memory free now (MemAvailable; False when it
+    cannot be read): SmolLM2-135M's 0.2 GB on a 24 GB host yes, an 8B model's 16 GB on a
+    32 GB host no (its GEMMs then reorder per call, as before)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return weight_bytes <= PREPACK_MAX_FRACTION * int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def prepack_bf16(w: torch.Tensor) -> torch.Tensor | None:
+    """W (out, in) bf16 on CPU → oneDNN's prepacked copy for `_linear_pointwise` (module
+    docstring); None where oneDNN or the op is missing or refuses it (the caller keeps
+    F.linear)."""
+    if w.dtype != torch.bfloat16 or w.is_cuda or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def _split_columns(w: torch.Tensor) -> torch.Tensor:
@@ -76,9 +115,12 @@ class Linear:
     store for `kernels.gemv`; split: in the torch storage, use `_split_matmul`.
     """
 
-    def __init__(self, w: torch.Tensor, native: bool, split: bool = False) -> None:
+    def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
+                 prepack: bool = False) -> None:
         self.out_features, self.in_features = w.shape
         self.native = native
+        # bf16 CPU GEMMs past the native rows with W prepacked (module docstring; None: F.linear)
+        self._packed = prepack_bf16(w) if prepack else None
         self.split = split and not native
         self._gemv_out = None  # the extension's kernel, called directly for small steps
         if native:
@@ -121,7 +163,11 @@ class Linear:
             self._gemv_out(x, self.weight, y, 0)
             return y
         x, m = _padded(x)
-        if self.native:
+        if (self._packed is not None and x.dtype == torch.bfloat16
+                and x.shape[0] > native.max_rows(x.dtype)):
+            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [],
+                                                   "")
+        elif self.native:
             y = native.gemv(x, self.weight)
         elif self.split:
             y = _split_matmul(x, self.weight, self.out_features)
