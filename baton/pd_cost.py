@@ -66,7 +66,8 @@ prefill worker has cores of its own; on cores it shares with decode (`baton up -
 the one-host default) it takes the faster path, idle or busy: the two paths compute on the
 same cores, and a remote prefill adds the call and the transfer and is priced behind
 decode's own queued prefill work (`shared_remote_s`), so the estimate never finds it
-faster: on one host a request goes remote only when decode's pool has no room for it.
+faster: on one host prompts are prefilled on the decode worker, and the prefill worker
+idles (`--pin split` or another host gives it cores of its own, and work).
 The decode worker publishes the policy it runs with in WorkerStats (`PDPolicy.from_stats`),
 so the gateway predicts with the budgets decode really uses.
 
