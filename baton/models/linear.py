@@ -112,7 +112,9 @@ class Linear:
 
     Args: w (out, in) of the model's dtype (not modified; the native storage may share its
     memory when it is already contiguous, e.g. a tied embedding reused as lm_head); native:
-    store for `kernels.gemv`; split: in the torch storage, use `_split_matmul`.
+    store for `kernels.gemv`; split: in the torch storage, use `_split_matmul`; prepack: bf16
+    on CPU, keep oneDNN's prepacked copy of W for the GEMMs past the native rows (module
+    docstring; ignored where `prepack_bf16` returns None).
     """
 
     def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
