@@ -27,7 +27,9 @@ MAX_N = 128
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # inf and NaN are no sampling value (`"temperature": 1e400` parses as inf and sampled
+    # uniformly): a 400 naming the field, as for any other value out of range
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class FunctionCall(_Body):

@@ -41,6 +41,21 @@ async def test_unset_penalties_are_off(gateway, fake):
     assert not sp.logit_bias
 
 
+async def test_infinite_or_nan_sampling_values_are_a_400(gateway, fake):
+    """`1e400` parses as inf (it sampled uniformly), NaN as NaN: a 400 naming the field, and
+    nothing reaches the worker."""
+    sent = len(fake.servicer.requests)
+    for field, raw in (("temperature", "1e400"), ("top_p", "NaN"), ("presence_penalty", "-1e999")):
+        body = ('{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "%s": %s}'
+                % (MODEL, field, raw))
+        async with httpx.AsyncClient(base_url=gateway.http_url, timeout=10) as c:
+            r = await c.post("/v1/chat/completions", content=body,
+                             headers={"content-type": "application/json"})
+        assert r.status_code == 400, (field, r.text)
+        assert r.json()["error"]["param"] == field
+    assert len(fake.servicer.requests) == sent
+
+
 # ---- several prompts in /v1/completions --------------------------------------------------
 class PromptEcho(FakeDecode):
     """Answers completion j of a prompt whose first id is p with the text "p/j"; after the
