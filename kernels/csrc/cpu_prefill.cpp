@@ -24,9 +24,10 @@
 // of a 4-row group sees are skipped: their p is 0 and adding 0·v changes no bit.)
 //
 // Work: pass 1 packs each KV head's K as [tile][d pair][64 keys] and V as [tile][key pair][D]
-// 32-bit words (bf16 pairs, the operand layout VDPBF16PS wants; positions past seq_len zero).
-// Pass 2 splits items (KV head, tile of 16 query tokens) over threads, in an order that gives
-// each contiguous share a like amount of causal work; an item keeps its G·16 rows' o, m, l in
+// 32-bit words (bf16 pairs, the operand layout VDPBF16PS wants; positions past seq_len zero;
+// kv_pack.h). Pass 2 splits items (KV head, tile of 16 query tokens; 8 or 4 when 16 would
+// leave a thread idle) over threads, in an order that gives each contiguous share a like
+// amount of causal work; an item keeps its G·16 rows' o, m, l in
 // a thread-local scratch and runs 4 rows at a time against each key tile: 16 score accumulators
 // (4 rows × 4 vectors of 16 keys), the 4 rows' max and sum in one reduction tree each, then the
 // p·v sums with 4 × D/16 accumulators in registers. Against the 32-key tiles, per-row horizontal
@@ -45,12 +46,13 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "kv_pack.h"
 #include "simd_exp.h"
 
 namespace {
 
 using baton::bf16;
-constexpr int64_t KT = 64;  // keys per tile
+constexpr int64_t KT = baton::PACK_KEYS;  // keys per tile
 constexpr int64_t QT = 16;  // query tokens per item (fewer when that leaves threads idle)
 constexpr int64_t KW = KT / 2;  // 32-bit words (bf16 pairs) of one row's p per tile
 
@@ -72,98 +74,23 @@ inline const uint16_t* kv_row(const Args& a, int64_t kv, int64_t n, int64_t h) {
   return a.cache + ((((block * a.L + a.layer) * 2 + kv) * a.BS + n % a.BS) * a.Hkv + h) * a.D;
 }
 
-// K words [dp][KT keys] (key j: (k[2dp], k[2dp+1])); V words [key pair m][D] (d: (v[n0+2m][d],
-// v[n0+2m+1][d])). Positions past N are zero.
-inline void pack(const Args& a, int64_t h, int64_t t) {
-  const int64_t D = a.D, n0 = t * KT, words = KT * D / 2;
-  uint32_t* kp = a.kp + (h * a.tiles + t) * words;
-  uint32_t* vp = a.vp + (h * a.tiles + t) * words;
+// Tile t of KV head h packed (kv_pack.h: K words [d pair][KT keys], V words [key pair][D];
+// positions past N zero), by AVX-512 where D % 32 == 0.
+inline void pack(const Args& a, int64_t h, int64_t t, bool vector) {
+  const int64_t n0 = t * KT, words = KT * a.D / 2;
+  const uint16_t* k[KT];
+  const uint16_t* v[KT];
   for (int64_t j = 0; j < KT; ++j) {
-    const int64_t n = n0 + j;
-    uint16_t* vh = reinterpret_cast<uint16_t*>(vp + (j / 2) * D) + j % 2;
-    if (n >= a.N) {
-      for (int64_t dp = 0; dp < D / 2; ++dp) kp[dp * KT + j] = 0;
-      for (int64_t d = 0; d < D; ++d) vh[2 * d] = 0;
-      continue;
-    }
-    const uint16_t* k = kv_row(a, 0, n, h);
-    const uint16_t* v = kv_row(a, 1, n, h);
-    for (int64_t dp = 0; dp < D / 2; ++dp) std::memcpy(&kp[dp * KT + j], k + 2 * dp, 4);
-    for (int64_t d = 0; d < D; ++d) vh[2 * d] = v[d];
+    k[j] = n0 + j < a.N ? kv_row(a, 0, n0 + j, h) : nullptr;
+    v[j] = n0 + j < a.N ? kv_row(a, 1, n0 + j, h) : nullptr;
   }
-}
-
-#ifdef BATON_X86
-#define BATON_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
-// 16×16 32-bit transpose in registers: r[i] lane j -> r[j] lane i.
-BATON_PACK_TARGET inline void transpose16(__m512i (&r)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  // each 128-bit lane of r[i] now holds rows 4·(i/4)..+3 of one 4×4 block; gather the blocks
-  for (int i = 0; i < 4; ++i) {
-    for (int k = 0; k < 4; ++k) t[4 * i + k] = r[4 * k + i];
-  }
-  for (int i = 0; i < 16; i += 4) {
-    const __m512i a = _mm512_shuffle_i32x4(t[i], t[i + 1], 0x88);      // lanes 0,2 | 0,2
-    const __m512i b = _mm512_shuffle_i32x4(t[i], t[i + 1], 0xDD);      // lanes 1,3 | 1,3
-    const __m512i c = _mm512_shuffle_i32x4(t[i + 2], t[i + 3], 0x88);
-    const __m512i d = _mm512_shuffle_i32x4(t[i + 2], t[i + 3], 0xDD);
-    r[i / 4] = _mm512_shuffle_i32x4(a, c, 0x88);
-    r[i / 4 + 8] = _mm512_shuffle_i32x4(a, c, 0xDD);
-    r[i / 4 + 4] = _mm512_shuffle_i32x4(b, d, 0x88);
-    r[i / 4 + 12] = _mm512_shuffle_i32x4(b, d, 0xDD);
-  }
-}
-
-// pack() in AVX-512 for D % 32 == 0, the same words: K by 16×16 word transposes of 16 keys'
-// rows, V by interleaving two keys' rows 16 bits at a time. The scalar pack stored every word
-// (K) and half-word (V) on its own: a 4,000-position context cost ~0.6 ms a layer, most of a
-// short suffix's prefill attention (a continuation turn of an agent session).
-BATON_PACK_TARGET inline void pack_avx512(const Args& a, int64_t h, int64_t t) {
-  const int64_t D = a.D, DP = D / 2, n0 = t * KT, words = KT * D / 2;
   uint32_t* kp = a.kp + (h * a.tiles + t) * words;
   uint32_t* vp = a.vp + (h * a.tiles + t) * words;
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-  const __m512i hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-  const uint16_t* krow[16];
-  for (int64_t j0 = 0; j0 < KT; j0 += 16) {
-    for (int i = 0; i < 16; ++i) {
-      const int64_t n = n0 + j0 + i;
-      krow[i] = n < a.N ? kv_row(a, 0, n, h) : nullptr;
-    }
-    for (int64_t w0 = 0; w0 < DP; w0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = krow[i] ? _mm512_loadu_si512(krow[i] + 2 * w0) : zero;
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kp + (w0 + i) * KT + j0, r[i]);
-    }
-  }
-  for (int64_t m = 0; m < KT / 2; ++m) {
-    const int64_t n = n0 + 2 * m;
-    const uint16_t* v0 = n < a.N ? kv_row(a, 1, n, h) : nullptr;
-    const uint16_t* v1 = n + 1 < a.N ? kv_row(a, 1, n + 1, h) : nullptr;
-    uint32_t* dst = vp + m * D;
-    for (int64_t d = 0; d < D; d += 32) {
-      const __m512i x = v0 ? _mm512_loadu_si512(v0 + d) : zero;
-      const __m512i y = v1 ? _mm512_loadu_si512(v1 + d) : zero;
-      const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
-      _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi64(lo, lo_idx, hi));
-      _mm512_storeu_si512(dst + d + 16, _mm512_permutex2var_epi64(lo, hi_idx, hi));
-    }
-  }
-}
+#ifdef BATON_X86
+  if (vector) return baton::pack_tile_avx512(k, v, a.D, kp, vp);
 #endif
+  baton::pack_tile(k, v, a.D, kp, vp);
+}
 
 struct Scratch {
   std::vector<uint32_t> q;   // [R4][D/2] words
@@ -379,10 +306,7 @@ void prefill_attention_bf16_out(const torch::Tensor& query, const torch::Tensor&
   while (a.qt > 4 && Hkv * ((Tq + a.qt - 1) / a.qt) < 2 * threads) a.qt /= 2;
   const bool vector_pack = D % 32 == 0;
   at::parallel_for(0, Hkv * tiles, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (vector_pack) pack_avx512(a, i / tiles, i % tiles);
-      else pack(a, i / tiles, i % tiles);
-    }
+    for (int64_t i = b; i < e; ++i) pack(a, i / tiles, i % tiles, vector_pack);
   });
   // items in the order tile 0, n−1, 1, n−2, ... (per head): contiguous shares get like work
   const int64_t nq = (Tq + a.qt - 1) / a.qt;
