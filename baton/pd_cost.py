@@ -38,15 +38,15 @@ Data in, decision out: no I/O, no clock, nothing shared between threads.
       decode idle, stall ≤ idle budget (nothing runs here to stall; a sequence arriving
                                    meanwhile waits at most that long)
                                    → the faster of local / remote "idle_faster_local|remote"
-      stall > budget, remote stall > that budget too (the ITL budget while decode runs,
-                                   the idle budget while it does not; shared cores: neither
-                                   path keeps the budget, so the request does not pay for a
-                                   protection the batch does not get), or decode idle on
-                                   shared cores (a sequence arriving during a local prefill
-                                   waits one chunk step; during a remote one it runs at half
-                                   the cores: remote protects it little and costs this
-                                   request the call, measured +8 % on a cold 900-token
-                                   prompt, BENCHMARKS.md stop 37)
+      stall > budget, shared cores (remote_stall_fraction > 0), and decode busy with a
+                                   remote stall past the ITL budget too (neither path keeps
+                                   the budget, so the request does not pay for a protection
+                                   the batch does not get) or decode idle (a sequence
+                                   arriving during a local prefill waits one chunk step;
+                                   during a remote one it runs at half the cores: remote
+                                   protects it little and costs this request the call,
+                                   measured +8 % on a cold 900-token prompt, BENCHMARKS.md
+                                   stop 37)
                                    → the faster of local / remote
                                                          "shared_faster_local|remote"
       stall > budget, decode busy  → remote                                    "itl_budget"
@@ -238,9 +238,8 @@ def choose(c: PDCosts, decode_running: int, p: PDPolicy) -> tuple[bool, str]:
         return faster_remote, "faster_remote" if faster_remote else "faster_local"
     if decode_running == 0 and c.stall_s <= p.idle_budget_s:
         return faster_remote, "idle_faster_remote" if faster_remote else "idle_faster_local"
-    idle_shared = decode_running == 0 and p.remote_stall_fraction > 0
-    if idle_shared or c.remote_stall_s > (p.itl_budget_s if decode_running > 0
-                                          else p.idle_budget_s):
+    # (a remote stall is 0 on the prefill worker's own cores: the rule is for shared ones)
+    if p.remote_stall_fraction > 0 and (decode_running == 0 or c.remote_stall_s > p.itl_budget_s):
         return faster_remote, "shared_faster_remote" if faster_remote else "shared_faster_local"
     if decode_running > 0:
         return True, "itl_budget"

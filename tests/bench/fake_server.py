@@ -4,9 +4,9 @@ Serves `/v1/chat/completions` and `/v1/completions` (stream only) and `/health`;
 (`baton=True`) also `/version`, `/v1/models` and `/metrics/workers` (two fake workers whose
 running count is the requests in flight, in vLLM's metric names). Prompts are
 "tokenized" as 4-character pieces (chat: ChatML rendering, counted as the client counts), as
-words (completion text) or taken as given token ids. A simulated prefix cache reports `cached_tokens` = the longest prefix shared
-with any earlier prompt, in 16-token blocks, capped at len - 1. Every request is logged with its
-arrival/finish times and `X-Session-ID`.
+words (completion text) or taken as given token ids. A simulated prefix cache reports
+`cached_tokens` = the longest prefix shared with any earlier prompt, in 16-token blocks, capped
+at len - 1. Every request is logged with its arrival/finish times and `X-Session-ID`.
 """
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_on_shared_cores_an_idle_decode_keeps_a_long_prompt_unless_remote_is_fas
     assert decide(state(2048), RATES, POLICY).reason == "long_prompt"
     # also where the remote side's stall is within the idle budget (0.5 × 800 / 2000 = 0.2 s
     # ≤ 0.25 s): it went remote as "long_prompt", and a cold 900-token prompt then took 8 %
-    # longer to its first token than kept local, 10 of 10 alternated (BENCHMARKS.md, stop 37)
+    # longer to its first token than kept local, 18 of 20 alternated (BENCHMARKS.md, stop 37)
     d = decide(state(800), RATES, shared)
     assert (d.path, d.reason) == ("local", "shared_faster_local")
     assert decide(state(800), RATES, POLICY).reason == "long_prompt"
