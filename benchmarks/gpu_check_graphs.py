@@ -13,6 +13,9 @@ device's memory-read floor.
                       floor = bytes of every weight matrix a step reads / read bandwidth,
                   the read bandwidth being one `x.sum()` pass over a bf16 tensor of 1 GiB
                   (dry-run: 64 MiB) measured in the same run. Reported, not judged.
+                  On CUDA also an A/B in the same run: that step with the residual add +
+                  RMSNorm and SiLU·mul as torch ops (kernels/norm_act.py off) against the
+                  fused one, each side's ms and kernel launches per step.
 
 Both overwrite the engines' KV pools with random values (they are the last to use them).
 """
@@ -163,6 +166,33 @@ def kernel_profile(step, iters: int, top: int = 8) -> dict:
     return {"device_us_per_step": device_us, "wall_us_per_step": wall, "top": rows}
 
 
+def torch_norm_act_ab(runner, inputs, fused_step, device, rounds: int = 5) -> dict:
+    """The batch-1 graph step with the residual add + RMSNorm and SiLU·mul as torch ops
+    (`fused_norm_act` off: the step before kernels/norm_act.py) against the engine's own
+    (fused) graph, alternated A B over `rounds` rounds of 20 steps in one run: medians of
+    each side, their ratio, the torch-ops step's kernel profile. Reported, never a FAIL."""
+    from baton.engine.cuda_graphs import DecodeGraphs
+
+    model = runner.model
+    model.fused_norm_act = False
+    try:
+        graphs = DecodeGraphs(runner.decode_step, device, 1, runner.graphs.max_blocks)
+        graphs.capture()
+    finally:
+        model.fused_norm_act = True
+    torch_step = lambda: graphs.run(*inputs)  # noqa: E731
+    fused_ms, torch_ms = [], []
+    for _ in range(rounds):
+        fused_ms.append(time_ms(fused_step, 20, device))
+        torch_ms.append(time_ms(torch_step, 20, device))
+    out = {"fused_ms": statistics.median(fused_ms), "torch_ops_ms": statistics.median(torch_ms)}
+    out["fused_over_torch"] = out["fused_ms"] / out["torch_ops_ms"]
+    log(f"  A/B: fused norm/act {out['fused_ms']:.3f} ms vs torch ops {out['torch_ops_ms']:.3f} "
+        f"ms per step ({out['fused_over_torch']:.2f}x); the torch-ops step:")
+    out["kernels"] = kernel_profile(torch_step, 20)
+    return out
+
+
 def section_decode_floor(ctx) -> tuple[str, str]:
     engines = getattr(ctx, "engines_bf16", {})
     if not engines:
@@ -188,6 +218,8 @@ def section_decode_floor(ctx) -> tuple[str, str]:
         summary.append(f"{name} {step_ms / floor_ms:.2f}x")
         if ctx.device.type == "cuda":
             rows[name]["kernels"] = kernel_profile(step, 20)
+        if graphed and ctx.device.type == "cuda":
+            rows[name]["torch_norm_act"] = torch_norm_act_ab(runner, inputs, step, ctx.device)
     ctx.report["decode_floor"] = rows
     where = "CPU (dry-run: not a GPU number)" if ctx.dry_run else str(ctx.device)
     return PASS, f"batch-1 bf16 step / read floor on {where}: {', '.join(summary)}"

@@ -2,8 +2,8 @@
 paged decode attention against the device's measured copy bandwidth.
 
 `kernels` reuses benchmarks/gpu_kernels.py's checks (SmolLM2 heads: 9 query / 3 KV, head
-size 64, block size 16): write_kv and pack/unpack bit-exact, attention within
-2·|torch − ref_fp32| + atol of the fp32 reference.
+size 64, block size 16): write_kv and pack/unpack bit-exact, attention, add_rms_norm and
+silu_mul within 2·|torch − ref_fp32| + atol of the fp32 reference.
 
 `decode_bw` times `paged_decode_attention_triton` on Llama-3.2-1B's heads (32 query / 8 KV,
 head size 64, bf16) over a two-layer block-major cache (layer 1's strided views, as in the
@@ -52,8 +52,10 @@ def section_kernels(ctx) -> tuple[str, str]:
         gk.check_decode(kernels, torch, dtype, ctx.device, args, atol)
         gk.check_prefill(kernels, torch, dtype, ctx.device, args, atol)
         gk.check_block_copy(kernels, torch, dtype, ctx.device, args)
+        gk.check_norm_act(kernels, torch, dtype, ctx.device, args.batch, atol)
     mode = "compiled" if compiled else "interpreted"
-    return PASS, f"write_kv, decode, prefill, pack/unpack == reference ({mode}; {'/'.join(dtypes)})"
+    return PASS, (f"write_kv, decode, prefill, pack/unpack, add_rms_norm, silu_mul == reference "
+                  f"({mode}; {'/'.join(dtypes)})")
 
 
 def _decode_case(kernels, ctx, dtype, context: int, batch: int, copy_gbs: float) -> dict:

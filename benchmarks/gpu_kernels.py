@@ -4,7 +4,8 @@
 
 1. Checks every `<name>_triton` launcher against its torch reference on SmolLM2-shaped inputs
    (3 KV heads, 9 query heads, head size 64, block size 16, 30 layers) over a block-major cache:
-   write_kv and pack/unpack bit-exact; attention by `max|kernel - ref_fp32| <= 2 * max|torch - ref_fp32| + atol`.
+   write_kv and pack/unpack bit-exact; attention, add_rms_norm and silu_mul by
+   `max|kernel - ref_fp32| <= 2 * max|torch - ref_fp32| + atol`.
 2. Times paged decode attention (64 sequences x 2k context) and pack/unpack_blocks, and prints
    their achieved GB/s next to a measured `torch` device-to-device copy bandwidth.
 
@@ -130,6 +131,29 @@ def full_cache(num_blocks, dtype, device, torch):
     return torch.randn(num_blocks, NUM_LAYERS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, device=device).to(dtype)
 
 
+def check_norm_act(kernels, torch, dtype, device, rows, atol):
+    """add_rms_norm (SmolLM2's hidden 576, Llama-1B's 2048) and silu_mul (intermediate 1536,
+    8192) on `rows` rows: the in-place residual sum bit-exact (one rounding of an elementwise
+    add), the outputs within check_close's bound of the fp32 reference (the same formulas on
+    the inputs widened to fp32, no intermediate rounding)."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    for hidden in (576, 2048):
+        h, r = (torch.randn(rows, hidden, generator=g).to(device=device, dtype=dtype) for _ in "hr")
+        w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device=device, dtype=dtype)
+        h_kernel, h_torch = h.clone(), h.clone()
+        out = kernels.add_rms_norm_triton(h_kernel, r, w, 1e-5)
+        same = kernels.add_rms_norm_ref(h_torch, r, w, 1e-5)
+        check_exact(f"add_rms_norm h {hidden}", torch.equal(h_kernel, h_torch))
+        hf = h_torch.float()
+        ref = w.float() * hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)
+        check_close(f"add_rms_norm {hidden}", out, same, ref, atol)
+    for inter in (1536, 8192):
+        x = (4 * torch.randn(rows, 2 * inter, generator=g)).to(device=device, dtype=dtype)
+        gate, up = x.float().chunk(2, dim=1)
+        check_close(f"silu_mul {inter}", kernels.silu_mul_triton(x), kernels.silu_mul_ref(x),
+                    torch.nn.functional.silu(gate) * up, atol)
+
+
 def check_block_copy(kernels, torch, dtype, device, args):
     src, dst = (full_cache(2 * args.pack_blocks, dtype, device, torch) for _ in range(2))
     ids = torch.randperm(src.shape[0], device=device)[: args.pack_blocks]
@@ -202,6 +226,7 @@ def main() -> None:
     check_decode(kernels, torch, dtype, device, args, ATOL[args.dtype])
     check_prefill(kernels, torch, dtype, device, args, ATOL[args.dtype])
     check_block_copy(kernels, torch, dtype, device, args)
+    check_norm_act(kernels, torch, dtype, device, args.batch, ATOL[args.dtype])
     print("timing (median):")
     print(f"  torch copy_ bandwidth {copy_bandwidth(torch, device):8.1f} GB/s (read + write)")
     time_decode(kernels, torch, dtype, device, args)

@@ -8,6 +8,9 @@ is contiguous across layers for transfer):
     layer l:  key_cache = kv_cache[:, l, 0]   value_cache = kv_cache[:, l, 1]   (strided views)
     slot = block_id * block_size + offset_in_block
 
+`kernels/norm_act.py` holds the CUDA decoder's residual add + RMSNorm and SiLU·mul, one Triton
+kernel each (same dispatcher pattern).
+
 `kernels/gemv.py` is the CPU side: a native small-batch fp32 / bf16 GEMV (a torch C++ extension
 from `kernels/csrc/gemv.cpp` and `gemv_bf16.cpp`, built on first use) beside its torch reference;
 import it as the module `kernels.gemv` (it is not re-exported here, so the name stays the
@@ -31,6 +34,14 @@ from kernels.block_copy import (
     unpack_blocks_ref,
     unpack_blocks_triton,
 )
+from kernels.norm_act import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    add_rms_norm_triton,
+    silu_mul,
+    silu_mul_ref,
+    silu_mul_triton,
+)
 from kernels.paged_decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -40,6 +51,9 @@ from kernels.prefill_attention import prefill_attention, prefill_attention_ref, 
 from kernels.write_kv import write_kv, write_kv_ref, write_kv_triton
 
 __all__ = [
+    "add_rms_norm",
+    "add_rms_norm_ref",
+    "add_rms_norm_triton",
     "pack_blocks",
     "pack_blocks_ref",
     "pack_blocks_triton",
@@ -49,6 +63,9 @@ __all__ = [
     "prefill_attention",
     "prefill_attention_ref",
     "prefill_attention_triton",
+    "silu_mul",
+    "silu_mul_ref",
+    "silu_mul_triton",
     "unpack_blocks",
     "unpack_blocks_ref",
     "unpack_blocks_triton",

@@ -20,7 +20,9 @@ with those native ops, each layer's rotary + KV write is one native call too, `k
 with the torch ops' bits, and the prefill attention `kernels.cpu_prefill`'s): after a
 layer's GEMVs have streamed megabytes of weights through the caches, each small torch op costs
 40–100 µs here, so the per-layer op count is what the decode step time is made of beyond the
-weight reads.
+weight reads. On CUDA attention and the KV write are the `kernels` Triton launchers, and in
+bf16/fp16 each residual add + RMSNorm and the SiLU·mul one Triton kernel (kernels/norm_act.py:
+a graph-replayed decode step is bound by its kernel count).
 
 One step runs over a flat batch of T tokens from many sequences (decode rows first, then
 prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
@@ -192,6 +194,10 @@ class DecoderModel:
         # tests use to check that path's code without a GPU
         self.cpu_attention = cpu
         self._silu = cfg.hidden_act == "silu"
+        # bf16/fp16 on the CUDA path: residual add + RMSNorm and SiLU·mul as one kernel each
+        # (kernels/norm_act.py: Triton on CUDA, the torch ops on CPU); fp32 keeps torch's ops,
+        # token-exact against transformers. False: the torch ops (an A/B in gpu_check)
+        self.fused_norm_act = True
         # called before every layer but the first (worker: cpu_share.py re-reads the other
         # workers' load, so a long prefill step follows a decode worker that starts or stops)
         self.layer_hook: Callable[[], object] | None = None
@@ -241,8 +247,13 @@ class DecoderModel:
         # roundings as the torch ops, rows over threads), as the decode-only step does
         native = (self.fused_decode and self._silu and h.dtype == torch.bfloat16
                   and not kv_cache.is_cuda)
-        if native:
-            x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
+        # on the CUDA path (plan None) the same two ops as Triton kernels, bf16/fp16 only
+        fused = native or (plan is None and self.fused_norm_act and self._silu
+                           and h.dtype != torch.float32)
+        add_norm, silu_mul = ((cpu_decode.add_rms_norm, cpu_decode.silu_mul) if native
+                              else (kernels.add_rms_norm, kernels.silu_mul))
+        if fused:
+            x = add_norm(h, None, self.layers[0].input_norm, self.eps)
         native_rope = native and plan is not None
         if native_rope:  # rotary + K/V write in one native call a layer (kernels/cpu_rope.py)
             rope_args = (positions.long().contiguous(), meta.slot_mapping.long().contiguous())
@@ -251,7 +262,7 @@ class DecoderModel:
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
                 self.layer_hook()
-            if not native:
+            if not fused:
                 x = _rms_norm(h, layer.input_norm, self.eps)
             qkv = layer.qkv(x)
             if layer.qkv_bias is not None:
@@ -273,18 +284,16 @@ class DecoderModel:
                     attn = self._attend_cpu(plan, kv_rows, i, q)
                 else:
                     attn = self._attention(q, k, v, kv_cache[:, i, 0], kv_cache[:, i, 1], meta)
-            if native:
-                x = cpu_decode.add_rms_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm,
-                                            self.eps)
+            if fused:
+                x = add_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm, self.eps)
                 nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-                x = cpu_decode.add_rms_norm(h, layer.down(cpu_decode.silu_mul(layer.gate_up(x))),
-                                            nxt, self.eps)
+                x = add_norm(h, layer.down(silu_mul(layer.gate_up(x))), nxt, self.eps)
                 continue
             h = h + layer.o(attn.view(-1, q_width))
             x = _rms_norm(h, layer.post_norm, self.eps)
             gate, up = layer.gate_up(x).chunk(2, dim=1)  # [T, I] each
             h = h + layer.down(self.act(gate) * up)
-        return x if native else _rms_norm(h, self.norm, self.eps)
+        return x if fused else _rms_norm(h, self.norm, self.eps)
 
     def _forward_decode_cpu(self, input_ids: torch.Tensor, positions: torch.Tensor,
                             meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:

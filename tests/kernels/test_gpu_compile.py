@@ -20,9 +20,9 @@ from triton.compiler import ASTSource
 from importlib import import_module
 
 # `kernels.write_kv` etc. are the dispatcher functions (re-exported): fetch the modules themselves.
-write_kv, paged_decode_attention, prefill_attention, block_copy = (
+write_kv, paged_decode_attention, prefill_attention, block_copy, norm_act = (
     import_module(f"kernels.{name}")
-    for name in ("write_kv", "paged_decode_attention", "prefill_attention", "block_copy")
+    for name in ("write_kv", "paged_decode_attention", "prefill_attention", "block_copy", "norm_act")
 )
 
 INT32_PTRS = {"block_tables_ptr", "context_lens_ptr", "query_start_loc_ptr", "seq_lens_ptr"}
@@ -35,7 +35,7 @@ def arg_type(name):
         return "*i64"
     if name.endswith("_ptr"):
         return "*bf16"
-    return "fp32" if name == "qk_scale" else "i32"
+    return "fp32" if name in ("qk_scale", "eps") else "i32"
 
 
 def compile_for_gpu(fn, num_warps, **constexprs):
@@ -53,6 +53,9 @@ for block_m in (16, 32):  # one token a row; a speculative row of up to 10 token
 compile_for_gpu(prefill_attention._prefill_kernel, 8, GROUP=3, BLOCK_Q=21, BLOCK_M=64, D=64, D_P=64,
                 BLOCK_N=prefill_attention._BLOCK_N, DOT_PREC="tf32")
 compile_for_gpu(block_copy._copy_blocks_kernel, 4, GATHER=True, CHUNK=block_copy._CHUNK)
+for has_r in (True, False):
+    compile_for_gpu(norm_act._add_rms_norm_kernel, 4, HAS_R=has_r, BLOCK=1024)
+compile_for_gpu(norm_act._silu_mul_kernel, 4, BLOCK=norm_act._SILU_BLOCK)
 print("ok")
 """
 
