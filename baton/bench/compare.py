@@ -51,6 +51,11 @@ instead of starting them (e.g. `--urls vllm=http://127.0.0.1:8001,baton=http://1
 (agentx_cli.py: block traces only, converted once, one harness run per configuration); the
 harness's own numbers get a second table with their ratios (TTFT p50/p90, ITL p90).
 
+`--rounds N` runs the whole set N times, the order reversed every other round (on one machine
+the order moves the result as much as a configuration does; compare_rounds.py): each round
+writes its own folder round-<r>/, and rounds.json and a last table give every configuration's
+numbers per round and the rounds it beat its reference in.
+
 Beside report.json and each configuration's requests-<name>.jsonl, the output folder keeps
 metrics-<name>.txt: the server's Prometheus text when its run ended (a gateway's /metrics and
 /metrics/workers: P/D decisions and their reasons, preemptions, cache hits).
@@ -65,6 +70,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from baton.bench import compare_rounds as rounds_mod
 from baton.bench.agentx import HarnessFailed
 from baton.bench.agentx_cli import add_agentx_args, prepare, print_harness_compare, run_level
 from baton.bench.args import (
@@ -190,6 +196,10 @@ def _parser() -> argparse.ArgumentParser:
                         "instead of each one's own reference")
     p.add_argument("--driver", choices=("baton", "agentx"), default="baton",
                    help="who sends the workload: Baton's client or the AgentX harness")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, the order reversed every "
+                        "other round; prints each one's numbers per round and the rounds it "
+                        "beat its reference (compare_rounds.py)")
     add_vllm_args(p)
     add_agentx_args(p)
     add_workload_args(p)
@@ -260,6 +270,8 @@ def _measure(args, targets, sessions: list[Session], counter, out: Path,
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     out = args.output or default_output_dir()
     counter = counter_for(args)
     harness = None
@@ -270,9 +282,34 @@ def main(argv: list[str]) -> int:
         harness = (binary, trace_dir)
     else:
         sessions = load_workload(args, counter)
-    start = machine()
-    rows, failed = _measure(args, _targets(args), sessions, counter, out, harness)
     info = describe(args.workload, sessions)
+    targets, rounds, orders, failed = _targets(args), [], [], {}
+    for r in range(args.rounds):
+        where = out if args.rounds == 1 else out / f"round-{r + 1}"
+        where.mkdir(parents=True, exist_ok=True)
+        order = rounds_mod.round_order(targets, r)
+        orders.append([name for name, _, _ in order])
+        print(f"[compare] round {r + 1} of {args.rounds}: {' '.join(orders[-1])}", flush=True)
+        start = machine()
+        rows, round_failed = _measure(args, order, sessions, counter, where, harness)
+        keep = [n for n, _, _ in targets if n != "hf"] + [SLICE, "hf"]  # _measure's order
+        rows = {n: rows[n] for n in keep if n in rows}
+        failed.update({f"{name} (round {r + 1})": why for name, why in round_failed.items()})
+        _report(args, argv, rows, round_failed, where, info, harness, start)
+        rounds.append(rows)
+    if args.rounds > 1:
+        summary = rounds_mod.summarize(rounds)
+        write_json(out / "rounds.json", rounds_mod.to_json(summary, orders))
+        rounds_mod.print_rounds(summary, orders, f"baton bench compare: {info.name}, "
+                                                 f"{args.rounds} rounds, order alternated")
+        print(f"[compare] wrote {out}/rounds.json")
+    return 0 if not failed else 1
+
+
+def _report(args, argv: list[str], rows: dict, failed: dict, out: Path, info, harness,
+            start: dict) -> None:
+    """One round's report.json, request logs, plot and tables under `out` (start: machine()
+    when the round began)."""
     write_json(out / "report.json", {
         "version": REPORT_VERSION, "kind": "compare",
         "created": dt.datetime.now().isoformat(timespec="seconds"),
@@ -298,5 +335,4 @@ def main(argv: list[str]) -> int:
     if harness is not None:
         print_harness_compare(rows, f"baton bench compare --driver agentx: {info.name}")
     print(f"[compare] wrote {out}/report.json")
-    return 0 if not failed else 1
 

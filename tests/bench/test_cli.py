@@ -1,6 +1,8 @@
 """`baton bench` and `baton bench compare` end to end against fake servers: report files."""
 import json
 
+import pytest
+
 from baton.bench import plots
 from baton.bench.cli import main
 from tests.bench.fake_server import FakeServer, ServerThread
@@ -119,3 +121,41 @@ def test_compare_running_servers(tmp_path, capsys):
     assert report["baton"]["version"] and report["args"]["concurrency"] == "2"
     assert float(rows["disaggregated"]["ratios"]["p90_ttft_x"].rstrip("×")) > 1.0
     assert "p90 TTFT ×" in capsys.readouterr().out
+
+
+def test_compare_rounds_alternate_the_order(tmp_path, capsys):
+    slow = FakeServer(ttft_s=0.05, token_s=0.01)
+    fast = FakeServer()
+    with ServerThread(slow.app()) as slow_url, ServerThread(fast.app()) as fast_url:
+        out = tmp_path / "cmp"
+        from baton.bench.compare import main as compare_main
+
+        rc = compare_main(["--urls", f"colocated={slow_url},disaggregated={fast_url}",
+                           "--rounds", "2", "--workload", "synthetic", "--synthetic-sessions",
+                           "2", "--block-tokens", "16", "--concurrency", "2", "--output",
+                           str(out), "--no-plots", *FAST])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    started = [line.split()[1] for line in printed.splitlines()
+               if line.startswith("[compare] ") and " at http" in line]
+    assert started == ["colocated", "disaggregated", "disaggregated", "colocated"]
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert rounds["orders"] == [["colocated", "disaggregated"], ["disaggregated", "colocated"]]
+    configs = {c["name"]: c for c in rounds["configs"]}
+    disagg = configs["disaggregated"]
+    assert disagg["reference"] == "colocated" and disagg["rounds_compared"] == 2
+    assert disagg["wins"]["ttft_p50_ms"] == 2  # the fast server wins TTFT in both orders
+    assert all(r["ttft_p50_ms"] > 0 for r in disagg["per_round"])
+    assert configs["colocated"]["wins"] is None  # the reference itself
+    for r in (1, 2):  # each round's own report, rows in the configured order
+        report = json.loads((out / f"round-{r}" / "report.json").read_text())
+        assert [row["name"] for row in report["rows"]] == ["colocated", "disaggregated"]
+    assert "rounds better" in printed
+
+
+def test_compare_refuses_zero_rounds(tmp_path):
+    from baton.bench.compare import main as compare_main
+
+    with pytest.raises(SystemExit, match="--rounds"):
+        compare_main(["--urls", "a=http://127.0.0.1:9", "--rounds", "0", "--workload",
+                      "synthetic", "--output", str(tmp_path), "--no-plots"])
