@@ -138,3 +138,62 @@ def test_prepack_only_where_a_second_copy_fits(tmp_path) -> None:
     assert not prepack_fits(1, str(tmp_path / "missing"))
     assert prepack_bf16(_rand(8, 16, seed=8)) is None  # fp32: never prepacked
     assert not Linear(_rand(8, 16, seed=8), False, prepack=True)._packed
+
+
+def _cpuinfo(tmp_path, vendor: str, flags: str):
+    path = tmp_path / f"cpuinfo-{vendor}-{len(flags)}"
+    path.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    return str(path)
+
+
+def test_bf16_gemm_in_fp32_rule(tmp_path, monkeypatch) -> None:
+    """fp32 prompt GEMMs only where oneDNN's bf16 has neither AMX nor AMD's VDPBF16PS, the fp32
+    copy is small beside the machine's total memory, or where forced."""
+    from baton.models.linear import PREPACK_MAX_FRACTION, bf16_gemm_in_fp32
+
+    monkeypatch.delenv("BATON_BF16_GEMM", raising=False)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 100 kB\n")  # free: irrelevant
+    mem, ok = str(meminfo), 1 << 20
+    base = "fpu avx2 avx512f avx512bw"
+    assert bf16_gemm_in_fp32(ok, _cpuinfo(tmp_path, "GenuineIntel", base + " avx512_bf16"), mem)
+    assert not bf16_gemm_in_fp32(ok, _cpuinfo(tmp_path, "GenuineIntel",
+                                              base + " avx512_bf16 amx_bf16 amx_tile"), mem)
+    assert not bf16_gemm_in_fp32(ok, _cpuinfo(tmp_path, "AuthenticAMD", base + " avx512_bf16"),
+                                 mem)
+    assert bf16_gemm_in_fp32(ok, _cpuinfo(tmp_path, "AuthenticAMD", "fpu avx2"), mem)  # emulated
+    assert not bf16_gemm_in_fp32(ok, str(tmp_path / "missing"), mem)
+    intel = _cpuinfo(tmp_path, "GenuineIntel", base + " avx512_bf16")
+    limit = int(PREPACK_MAX_FRACTION * 16000000 * 1024) // 2
+    assert bf16_gemm_in_fp32(limit, intel, mem) and not bf16_gemm_in_fp32(limit + 1, intel, mem)
+    amd = _cpuinfo(tmp_path, "AuthenticAMD", base + " avx512_bf16")
+    monkeypatch.setenv("BATON_BF16_GEMM", "fp32")
+    assert bf16_gemm_in_fp32(ok, amd, mem) and not bf16_gemm_in_fp32(limit + 1, amd, mem)
+    monkeypatch.setenv("BATON_BF16_GEMM", "bf16")
+    assert not bf16_gemm_in_fp32(ok, intel, mem)
+    monkeypatch.setenv("BATON_BF16_GEMM", "fast")
+    with pytest.raises(ValueError, match="BATON_BF16_GEMM"):
+        bf16_gemm_in_fp32(ok, intel, mem)
+
+
+@pytest.mark.parametrize("native,split", STORAGES)
+def test_fp32_gemm_of_bf16_weights_rounds_the_fp32_product(native: bool, split: bool) -> None:
+    """`gemm_fp32=True`: past the native rows, x @ W.T of bf16 x and W computed in fp32 and
+    rounded once to bf16 (within one bf16 rounding of the exact product, the same bits on
+    every call); the native rows keep their kernel's bits."""
+    from baton.models.linear import prepack_weight
+
+    w = _rand(48, 64, seed=9).bfloat16()
+    plain, fp32 = Linear(w, native, split), Linear(w, native, split, gemm_fp32=True)
+    if prepack_weight(w.float()) is None:
+        pytest.skip("oneDNN's weight prepack is unavailable in this torch build")
+    assert fp32._packed is not None and fp32._packed.dtype == torch.float32
+    small = _rand(5, 64, seed=10).bfloat16()
+    assert torch.equal(fp32(small), plain(small))
+    for rows in (gemv.max_rows(torch.bfloat16) + 1, 37, 130, 300):
+        x = _rand(rows, 64, seed=rows + 200).bfloat16()
+        y = fp32(x)
+        exact = x.double() @ w.double().t()
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 48)
+        assert ((y.double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-30).all(), rows
+        assert torch.equal(y, fp32(x))

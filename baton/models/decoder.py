@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
-from baton.models.linear import Linear, prepack_fits, use_native_gemv
+from baton.models.linear import Linear, bf16_gemm_in_fp32, prepack_fits, use_native_gemv
 from kernels import cpu_decode, cpu_rope, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
@@ -112,22 +113,23 @@ class Layer:
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype,
                  native: bool, device: torch.device | None = None, split: bool = True,
-                 prepack: bool = False) -> None:
+                 prepack: bool = False, gemm_fp32: bool = False) -> None:
         def get(name: str) -> torch.Tensor | None:
             t = w.get(prefix + name)
             return None if t is None else t.to(device=device, dtype=dtype)
 
         a = "self_attn."
         self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native,
-                          prepack=prepack)
+                          prepack=prepack, gemm_fp32=gemm_fp32)
         biases = [get(a + f"{p}_proj.bias") for p in "qkv"]
         self.qkv_bias = torch.cat(biases) if biases[0] is not None else None
-        self.o = Linear(get(a + "o_proj.weight"), native, prepack=prepack)
+        self.o = Linear(get(a + "o_proj.weight"), native, prepack=prepack, gemm_fp32=gemm_fp32)
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
         self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-                              native, split=split, prepack=prepack)
-        self.down = Linear(get("mlp.down_proj.weight"), native, split=split, prepack=prepack)
+                              native, split=split, prepack=prepack, gemm_fp32=gemm_fp32)
+        self.down = Linear(get("mlp.down_proj.weight"), native, split=split, prepack=prepack,
+                           gemm_fp32=gemm_fp32)
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
 
@@ -169,11 +171,17 @@ class DecoderModel:
         self.native_gemv = cpu and use_native_gemv(dtype)
         place = {"device": self.device, "dtype": dtype}
         self.embed = weights["model.embed_tokens.weight"].to(**place)
-        # bf16 prompt GEMMs from prepacked weights where a second copy fits (linear.py)
-        prepack = cpu and dtype == torch.bfloat16 and prepack_fits(
-            sum(t.numel() for k, t in weights.items() if ".layers." in k) * 2)
+        # bf16 prompt GEMMs from prepacked weights where a second copy fits, in fp32 where the
+        # CPU's bf16 products are slow (linear.py)
+        layer_bytes = sum(t.numel() for k, t in weights.items() if ".layers." in k) * 2
+        prepack = cpu and dtype == torch.bfloat16 and prepack_fits(layer_bytes)
+        self.gemm_fp32 = cpu and dtype == torch.bfloat16 and bf16_gemm_in_fp32(layer_bytes)
+        if self.gemm_fp32:
+            logging.getLogger(__name__).info(
+                "bf16 prompt GEMMs run in fp32 on prepacked fp32 weights (this CPU's bf16 "
+                "products are slow; BATON_BF16_GEMM=bf16 overrides)")
         self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv,
-                             self.device, split=cpu, prepack=prepack)
+                             self.device, split=cpu, prepack=prepack, gemm_fp32=self.gemm_fp32)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = weights["model.norm.weight"].to(**place)
         lm_head = weights.get("lm_head.weight")

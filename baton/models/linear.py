@@ -27,10 +27,22 @@ a layer stack's GEMMs on the Zen 4 VM 1.29× faster at 33 rows, 1.26× at 64, 1.
 1.11× at 256, 1.02× at 512 (BENCHMARKS.md, stop 37): a continuation turn's short suffix and a
 decode batch beside a prompt chunk are such steps. It costs a second copy of the matrices,
 so the model prepacks only when they are small beside the free memory (`prepack_fits`).
+
+Where the CPU's bf16 dot products are slow, those GEMMs run in fp32 instead
+(`bf16_gemm_in_fp32`): W prepacked once as fp32 (exact: a bf16 value is an fp32 one), x
+widened, the fp32 result rounded to bf16 once, as oneDNN's bf16 GEMM rounds its fp32 sums; only
+the summation order differs. On the Intel Xeon of BENCHMARKS.md's sixth pass (AVX512_BF16, no
+AMX) oneDNN's bf16 GEMM ran at 139-151 GFLOP/s on SmolLM2's shapes (256 and 910 rows, both
+cores) and the fp32 one, conversions included, at 175-226: 1.4-1.5×. With AMX, or on AMD's Zen 4
+(VDPBF16PS at twice its FMA rate: 380 GFLOP/s measured), bf16 stays. The choice is made from
+the CPU's flags and total memory, never timed, so every process on a machine computes the same
+bits (a prompt prefilled on a prefill worker and one prefilled on a decode worker agree).
 """
 from __future__ import annotations
 
 import torch
+
+import os
 
 from kernels import gemv as native
 from kernels.gemv import extension as native_extension
@@ -61,16 +73,76 @@ def prepack_fits(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
     return False
 
 
-def prepack_bf16(w: torch.Tensor) -> torch.Tensor | None:
-    """W (out, in) bf16 on CPU → oneDNN's prepacked copy for `_linear_pointwise` (module
-    docstring); None where oneDNN or the op is missing or refuses it (the caller keeps
-    F.linear)."""
-    if w.dtype != torch.bfloat16 or w.is_cuda or not torch.backends.mkldnn.is_available():
+GEMM_ENV = "BATON_BF16_GEMM"  # "fp32" / "bf16": override bf16_gemm_in_fp32's rule
+
+
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """(vendor_id, flags) of the first CPU in /proc/cpuinfo; ("", {}) where unreadable."""
+    vendor, flags = "", frozenset()
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("vendor_id") and not vendor:
+                    vendor = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def _mem_total(meminfo: str = "/proc/meminfo") -> int:
+    """MemTotal in bytes (0 when unreadable)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
+                      meminfo: str = "/proc/meminfo") -> bool:
+    """Whether a bf16 model's prompt GEMMs (`weight_bytes` of bf16 matrices) run in fp32 on
+    fp32 prepacked copies (module docstring): where oneDNN's bf16 GEMM has neither AMX nor
+    AMD's fast VDPBF16PS (measured: an Intel Xeon with AVX512_BF16 and no AMX; CPUs without
+    AVX512_BF16 emulate bf16 products), and the fp32 copy (2 × weight_bytes) is at most
+    PREPACK_MAX_FRACTION of MemTotal (the total, not the free memory: the same answer in every
+    process of the machine). $BATON_BF16_GEMM=fp32|bf16 overrides the CPU rule (not the
+    memory bound); another value raises ValueError."""
+    forced = os.environ.get(GEMM_ENV, "").strip().lower()
+    if forced not in ("", "fp32", "bf16"):
+        raise ValueError(f"{GEMM_ENV} must be fp32 or bf16, got {forced!r}")
+    if forced == "bf16" or not torch.backends.mkldnn.is_available():
+        return False
+    if 2 * weight_bytes > PREPACK_MAX_FRACTION * _mem_total(meminfo):
+        return False
+    if forced == "fp32":
+        return True
+    vendor, flags = _cpuinfo(cpuinfo)
+    fast_bf16 = "amx_bf16" in flags or (vendor == "AuthenticAMD" and "avx512_bf16" in flags)
+    return bool(flags) and not fast_bf16
+
+
+def prepack_weight(w: torch.Tensor) -> torch.Tensor | None:
+    """W (out, in) bf16 or fp32 on CPU → oneDNN's prepacked copy for `_linear_pointwise`
+    (module docstring); None where oneDNN or the op is missing or refuses it."""
+    if w.dtype not in (torch.bfloat16, torch.float32) or w.is_cuda \
+            or not torch.backends.mkldnn.is_available():
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
     except (RuntimeError, AttributeError):
         return None
+
+
+def prepack_bf16(w: torch.Tensor) -> torch.Tensor | None:
+    """`prepack_weight` for a bf16 W; None for any other dtype (fp32 models keep F.linear)
+    and where it returns None (the caller keeps F.linear)."""
+    return prepack_weight(w) if w.dtype == torch.bfloat16 else None
 
 
 def _split_columns(w: torch.Tensor) -> torch.Tensor:
@@ -114,15 +186,18 @@ class Linear:
     memory when it is already contiguous, e.g. a tied embedding reused as lm_head); native:
     store for `kernels.gemv`; split: in the torch storage, use `_split_matmul`; prepack: bf16
     on CPU, keep oneDNN's prepacked copy of W for the GEMMs past the native rows (module
-    docstring; ignored where `prepack_bf16` returns None).
+    docstring; ignored where `prepack_bf16` returns None); gemm_fp32: those GEMMs in fp32 on
+    a prepacked fp32 copy of a bf16 W (`bf16_gemm_in_fp32`; overrides prepack).
     """
 
     def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
-                 prepack: bool = False) -> None:
+                 prepack: bool = False, gemm_fp32: bool = False) -> None:
         self.out_features, self.in_features = w.shape
         self.native = native
-        # bf16 CPU GEMMs past the native rows with W prepacked (module docstring; None: F.linear)
-        self._packed = prepack_bf16(w) if prepack else None
+        # bf16 CPU GEMMs past the native rows with W prepacked (module docstring; None: F.linear),
+        # in fp32 with gemm_fp32 (then always prepacked: the bits must not depend on memory)
+        self._packed = (prepack_weight(w.float()) if gemm_fp32 and w.dtype == torch.bfloat16
+                        else prepack_bf16(w) if prepack else None)
         self.split = split and not native
         self._gemv_out = None  # the extension's kernel, called directly for small steps
         if native:
@@ -167,8 +242,12 @@ class Linear:
         x, m = _padded(x)
         if (self._packed is not None and x.dtype == torch.bfloat16
                 and x.shape[0] > native.max_rows(x.dtype)):
-            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [],
-                                                   "")
+            if self._packed.dtype == torch.float32:  # bf16_gemm_in_fp32: one rounding at the end
+                y = torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, None, "none", [],
+                                                       "").to(torch.bfloat16)
+            else:
+                y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none",
+                                                       [], "")
         elif self.native:
             y = native.gemv(x, self.weight)
         elif self.split:
