@@ -10,8 +10,9 @@ turns that into checked, tokenized prompts. Runs in the preparation pool (gatewa
       1. model check (404)
       2. session and hints: headers in one order, then the body's keys (gateway/sessions.py,
          gateway/session_hints.py)
-      3. limits: the tools' count, each tool's parameters an object schema within the size
-         and depth limits (baton/request_limits.py), each named by its front's field
+      3. limits: n (--max-n, the decode workers' limit too), the tools' count, each tool's
+         parameters an object schema within the size and depth limits
+         (baton/request_limits.py), each named by its front's field
       4. the tool-call parser when tools are offered (--tool-call-parser); a forced
          tool_choice is a grammar in that parser's own format (gateway/structured.py)
       5. template + tokenize each prompt (gateway/prompts.py; per-session incremental:
@@ -180,6 +181,7 @@ def prepare(ctx: PrepContext, req: FrontRequest, routing: Routing) -> Prepared:
     """The request, checked and tokenized (steps of the module docstring); GatewayError."""
     require_model(req.model, ctx.settings.model_names)
     session, hints = _session(req, routing)
+    field_errors(ctx.settings.limits.check_n, req.params.n, req.names.n)
     parser = _tools(ctx, req)
     params = common_pb2.SamplingParams()
     params.CopyFrom(req.params)

@@ -35,7 +35,8 @@ from protos import gateway_pb2
 
 STRUCTURED_PARAM = "sampling_params.structured_output"
 _NAMES = FieldNames(max_tokens="sampling_params.max_tokens", prompt="prompt",
-                    stop="sampling_params.stop", logit_bias="sampling_params.logit_bias")
+                    stop="sampling_params.stop", logit_bias="sampling_params.logit_bias",
+                    n="sampling_params.n")
 
 
 def prepare_grpc(ctx: PrepContext, data: bytes, routing: Routing) -> Prepared:

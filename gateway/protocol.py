@@ -23,7 +23,8 @@ from gateway.sampling import logit_bias_entries
 from gateway.structured import SCHEMA_PARAM
 from protos import common_pb2
 
-MAX_N = 128
+# The wire's range of `n` (uint32); the limit is the gateway's --max-n (gateway/front_door.py).
+_N_WIRE_MAX = (1 << 32) - 1
 
 
 class _Body(BaseModel):
@@ -104,7 +105,7 @@ class _Generation(Request):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1, le=_N_WIRE_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

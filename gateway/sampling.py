@@ -34,6 +34,7 @@ class FieldNames:
     prompt: str = "messages"
     stop: str = "stop"
     logit_bias: str = "logit_bias"
+    n: str = "n"
 
 
 def finished_params(wire: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,

@@ -93,7 +93,8 @@ def test_a_flag_reaches_only_the_roles_that_take_it():
     assert "--lease-seconds" in prefill_args(up) and "--lease-seconds" not in decode_args(up)
     assert "--max-n" in decode_args(up) and "--max-n" not in prefill_args(up)
     gateway = gateway_args(up, ["127.0.0.1:1"], [])
-    assert "--max-inflight" in gateway and "--max-n" not in gateway
+    assert "--max-inflight" in gateway and "--lease-seconds" not in gateway
+    assert "--max-n" in gateway  # the gateway refuses what decode would (one limit)
 
 
 @pytest.mark.parametrize("cls,parse", [(PrefillConfig, prefill_parse),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from baton.config import none_or
 from baton.flagspec import flag
+from baton.request_limits import DEFAULT_MAX_N
 from baton.worker.flags import RoleConfig, ServerConfig
 
 PREFILL_PORT = 50052
@@ -69,7 +70,8 @@ class DecodeConfig(RoleConfig):
     every block written. abort_timeout_seconds / handshake_timeout_seconds: those calls.
     quarantine_grace_seconds: blocks whose transfer the prefill worker never confirmed
     stopped are reused only this long after the prefill deadline.
-    max_n: most completions per request (INVALID_ARGUMENT above it).
+    max_n: most completions per request (INVALID_ARGUMENT above it; the gateway's --max-n,
+    the same flag in `baton up`, refuses them first).
     kv_pull: name this worker's blocks of a remote prefill's prefix hit (src_block_ids), so
     the prefill worker reads what it lacks instead of computing it (prefill_service/kv_pull.py).
     """
@@ -101,7 +103,7 @@ class DecodeConfig(RoleConfig):
     quarantine_grace_seconds: float = flag(
         5.0, "blocks a transfer may still write are reused only this long after the prefill "
              "deadline (unless an Abort is answered first)")
-    max_n: int = flag(16, "most completions per request")
+    max_n: int = flag(DEFAULT_MAX_N, "most completions per request")
     kv_pull: bool = flag(
         True, "a remote prefill reads the blocks this worker holds of the prompt and the "
               "prefill worker lacks, instead of computing them (--no-kv-pull: it computes "

@@ -1,0 +1,54 @@
+"""Requests the gateway refuses itself, as vLLM does, with a 400 naming the field: `n` past
+the decode workers' limit (one --max-n for both)."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from baton.cluster.flags import parse_up_args, role_argv
+from baton.json_schema import FIELD_METADATA
+from baton.request_limits import DEFAULT_MAX_N, RequestLimits
+from baton.worker.role_configs import DecodeConfig
+from protos import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.gateway.conftest import MODEL, running_gateway
+from tests.gateway.test_http_api import CHAT, post
+
+COMPLETION = {"model": MODEL, "prompt": "Hi"}
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", CHAT),
+                                       ("/v1/completions", COMPLETION)])
+async def test_n_past_the_workers_limit_is_a_400_naming_n(gateway, fake, path, body):
+    """n=20 reached the decode worker, which refused it past its --max-n of 16; now the
+    gateway refuses it first, naming `n`, and nothing reaches a worker."""
+    sent = len(fake.servicer.requests)
+    r = await post(gateway, path, {**body, "n": DEFAULT_MAX_N + 4})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "n" and error["type"] == "invalid_request_error"
+    assert f"at most {DEFAULT_MAX_N}" in error["message"]
+    assert len(fake.servicer.requests) == sent
+    r = await post(gateway, path, {**body, "n": DEFAULT_MAX_N})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == DEFAULT_MAX_N
+
+
+async def test_the_gateways_max_n_is_the_flag_decode_takes(prompts, fake):
+    """One default, one flag: `baton up --max-n 4` reaches the gateway and the decode
+    workers, and a gateway started with it refuses n=5 (gRPC front included)."""
+    assert DecodeConfig().max_n == RequestLimits().max_n == DEFAULT_MAX_N
+    up = parse_up_args(["--max-n", "4"])
+    assert role_argv(up, "gateway") == role_argv(up, "decode") == ["--max-n", "4"]
+    async with running_gateway(prompts, [fake], limits=RequestLimits(max_n=4)) as gw:
+        r = await post(gw, "/v1/completions", {**COMPLETION, "n": 5})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        async with grpc.aio.insecure_channel(gw.grpc_address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                async for _ in stub.Generate(gateway_pb2.GatewayGenerateRequest(
+                        model=MODEL, text="x", sampling_params=common_pb2.SamplingParams(n=5)),
+                        timeout=5):
+                    pass
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (FIELD_METADATA, "sampling_params.n") in tuple(e.value.trailing_metadata())
+
