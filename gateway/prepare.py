@@ -2,8 +2,8 @@
 the preparation pool (gateway/prep_pool.py runs these in its children, never on the event loop).
 
     prepare_chat(ctx, raw, routing) / prepare_completion(ctx, raw, routing):
-      1. parse and validate the JSON body (pydantic, gateway/protocol.py; a bad field → 400
-         naming it)
+      1. parse and validate the JSON body (pydantic, gateway/protocol.py; a bad field, or
+         fields that do not go together (`check`), → 400 naming it)
       2. translate it into the front door's FrontRequest (gateway/front_door.py): the
          messages or prompts, the sampling fields as the workers' SamplingParams, the tools
          and tool_choice, the response format, the body's session keys
@@ -68,6 +68,7 @@ def parse_body(model: type[BaseModel], raw: bytes) -> Any:
 def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
     """A /v1/chat/completions body, prepared (see the module docstring)."""
     body = parse_body(ChatCompletionRequest, raw)
+    field_errors(body.check)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     front = FrontRequest(
         body.model, ChatPrompt(messages, body.add_generation_prompt,
@@ -82,6 +83,7 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
 def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
     """A /v1/completions body (one or several prompts), prepared."""
     body = parse_body(CompletionRequest, raw)
+    field_errors(body.check)
     front = FrontRequest(
         body.model, tuple(field_errors(prompt_list, body.prompt)),
         field_errors(body.wire_params), body.view(),

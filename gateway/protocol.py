@@ -125,6 +125,9 @@ class _Generation(Request):
     # OpenAI's prompt-cache key: a session key after the headers (gateway/sessions.py).
     prompt_cache_key: str | None = None
 
+    def check(self) -> None:
+        """Checks across fields, made after parsing (RequestError naming the field)."""
+
     def wire_params(self) -> common_pb2.SamplingParams:
         """The sampling fields as the workers' message (max_tokens unset: the room left;
         the context, vocabulary and stop checks: gateway/sampling.py). RequestError: a
@@ -189,6 +192,12 @@ class ChatCompletionRequest(_Generation):
     add_generation_prompt: bool = True
     # vLLM's: the output continues the last assistant message (add_generation_prompt false).
     continue_final_message: bool = False
+
+    def check(self) -> None:
+        """top_logprobs above 0 needs logprobs true (vLLM's 400; OpenAI's rule)."""
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("when using `top_logprobs`, `logprobs` must be set to true",
+                               "top_logprobs")
 
     @property
     def requested_max_tokens(self) -> int | None:

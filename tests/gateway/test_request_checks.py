@@ -1,5 +1,5 @@
 """Requests the gateway refuses itself, as vLLM does, with a 400 naming the field: `n` past
-the decode workers' limit (one --max-n for both)."""
+the decode workers' limit (one --max-n for both), `top_logprobs` without `logprobs`."""
 from __future__ import annotations
 
 import grpc
@@ -52,3 +52,17 @@ async def test_the_gateways_max_n_is_the_flag_decode_takes(prompts, fake):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (FIELD_METADATA, "sampling_params.n") in tuple(e.value.trailing_metadata())
 
+
+async def test_top_logprobs_without_logprobs_is_a_400(gateway, fake):
+    """It was silently ignored (no logprobs came back); vLLM answers 400."""
+    sent = len(fake.servicer.requests)
+    for logprobs in ({}, {"logprobs": False}):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, **logprobs, "top_logprobs": 2})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "top_logprobs" and "`logprobs` must be set to true" in \
+            error["message"]
+    assert len(fake.servicer.requests) == sent
+    for fields in ({"top_logprobs": 0}, {"logprobs": True, "top_logprobs": 2}):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, **fields})
+        assert r.status_code == 200, (fields, r.text)
