@@ -10,9 +10,8 @@ turns that into checked, tokenized prompts. Runs in the preparation pool (gatewa
       1. model check (404)
       2. session and hints: headers in one order, then the body's keys (gateway/sessions.py,
          gateway/session_hints.py)
-      3. limits: n (--max-n, the decode workers' limit too), the tools' count, each tool's
-         parameters an object schema within the size and depth limits
-         (baton/request_limits.py), each named by its front's field
+      3. limits: n (--max-n), the tools' count, each tool's parameters an object schema
+         within the size and depth limits (baton/request_limits.py), each named by its front's field
       4. the tool-call parser when tools are offered (--tool-call-parser); a forced
          tool_choice is a grammar in that parser's own format (gateway/structured.py)
       5. template + tokenize each prompt (gateway/prompts.py; per-session incremental:
@@ -111,13 +110,16 @@ class SessionSources:
 
 @dataclass(frozen=True)
 class RequestView:
-    """The body fields the event loop reads once the request is prepared."""
+    """The body fields the event loop reads once the request is prepared; echo: each prompt's
+    text, put before its choices' (completions' `echo`; echo_only: nothing else)."""
 
     model: str
     n: int
     stream: bool
     include_usage: bool
     num_logprobs: int | None
+    echo: tuple[str, ...] | None = None
+    echo_only: bool = False
 
 
 @dataclass(frozen=True)

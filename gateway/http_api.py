@@ -151,7 +151,8 @@ class Routes:
         spec = OutputSpec(kind, rid, view.model, int(time.time()), view.n,
                           sum(len(p.prompt_token_ids) for p in prepared.prompts),
                           view.num_logprobs, prepared.tool_parser, view.include_usage,
-                          num_prompts=len(prepared.prompts))
+                          num_prompts=len(prepared.prompts), echo=view.echo,
+                          echo_only=view.echo_only)
         presenter = OpenAIPresenter(spec, self.prompts.token_text)
         return await self.relay.respond(request, prepared, rid, presenter, headers)
 

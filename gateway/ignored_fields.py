@@ -39,7 +39,6 @@ KNOWN_HARMLESS = frozenset({
 # value is listed as ignored.
 IGNORED_AT_DEFAULT: dict[str, object] = {
     "parallel_tool_calls": True,                   # every parsed call is returned
-    "echo": False,                                 # completions: the prompt is not echoed
     "best_of": 1,                                  # no server-side best-of
     "stream_options.continuous_usage_stats": False,  # vLLM's: usage comes only at the end
 }

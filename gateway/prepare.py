@@ -9,6 +9,8 @@ the preparation pool (gateway/prep_pool.py runs these in its children, never on 
          and tool_choice, the response format, the body's session keys
       3. front_door.prepare: model, session and hints, limits, template + tokenize, the
          SamplingParams finished per prompt, block hashes → Prepared
+      4. completions' `echo`: each prompt's text (a token-id prompt decoded) in the view,
+         for gateway/responses.py to put before the choices' text
 
 Everything raised is a GatewayError carrying the field (`param`), so it can cross the pipe.
 `parse_body` and `validation_error` serve every front's body (Anthropic's and the Responses
@@ -16,6 +18,7 @@ API's too).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -84,12 +87,18 @@ def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepar
     """A /v1/completions body (one or several prompts), prepared."""
     body = parse_body(CompletionRequest, raw)
     field_errors(body.check)
+    prompts = tuple(field_errors(prompt_list, body.prompt))
     front = FrontRequest(
-        body.model, tuple(field_errors(prompt_list, body.prompt)),
-        field_errors(body.wire_params), body.view(),
+        body.model, prompts, field_errors(body.wire_params), body.view(),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),
         ignored=_ignored(body), names=_COMPLETION_NAMES)
-    return prepare(ctx, front, routing)
+    prepared = prepare(ctx, front, routing)
+    if not body.echo:
+        return prepared
+    # a token-id prompt echoes its text, special tokens included (as vLLM decodes it)
+    texts = tuple(p if isinstance(p, str) else ctx.prompts.detokenize(p) for p in prompts)
+    return replace(prepared, view=replace(prepared.view, echo=texts,
+                                          echo_only=body.max_tokens == 0))
 
 
 def _ignored(body) -> tuple[str, ...]:

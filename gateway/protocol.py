@@ -232,11 +232,23 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions
+    # The prompt's text before each choice's (gateway/prepare.py); with max_tokens 0 only it.
+    echo: bool = False
+
+    def check(self) -> None:
+        """max_tokens 0 only with echo (vLLM's rule); echo with logprobs would need the
+        prompt's logprobs, which the engine does not compute."""
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens must be at least 1 (0 only with echo)",
+                               "max_tokens")
+        if self.echo and self.logprobs is not None:
+            raise RequestError("echo with logprobs (prompt logprobs) is not supported", "echo")
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+        # echo with max_tokens 0: one token is generated and dropped, as vLLM does
+        return 1 if self.echo and self.max_tokens == 0 else self.max_tokens
 
     @property
     def num_logprobs(self) -> int | None:

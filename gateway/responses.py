@@ -6,7 +6,9 @@
 
 Chat output goes through the configured tool-call parser (gateway/tool_parsers.py) when the
 request offered tools, so e.g. `<tool_call>{...}</tool_call>` becomes `message.tool_calls` and
-finish_reason "tool_calls".
+finish_reason "tool_calls". Completions' `echo` puts the prompt's text before each choice's
+(a stream: in the choice's first chunk, as vLLM sends it); with `echo_only` the generated
+text is dropped.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ class OutputSpec:
     """How to present one request's output. kind: "chat" or "completion". A request with
     several prompts (gateway/batch.py) has n choices per prompt, choice index
     prompt_i * n + j, and prompt_len the sum of the prompts' lengths. tool_parser: the
-    parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None."""
+    parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None. echo:
+    each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0)."""
 
     kind: str
     response_id: str
@@ -40,6 +43,8 @@ class OutputSpec:
     tool_parser: str | None = None
     include_usage: bool = False
     num_prompts: int = 1
+    echo: tuple[str, ...] | None = None
+    echo_only: bool = False
 
     @property
     def chat(self) -> bool:
@@ -49,11 +54,17 @@ class OutputSpec:
     def num_choices(self) -> int:
         return self.n * self.num_prompts
 
+    def choices(self) -> list[_Choice]:
+        """Every choice, each holding its prompt's text when it is echoed."""
+        return [_Choice(i, self.tool_parser, self.echo[i // self.n] if self.echo else "")
+                for i in range(self.num_choices)]
+
 
 class _Choice:
-    def __init__(self, index: int, tool_parser: str | None) -> None:
+    def __init__(self, index: int, tool_parser: str | None, echo: str = "") -> None:
         self.index = index
-        self.text: list[str] = []
+        self.text: list[str] = [echo] if echo else []
+        self.unsent_echo = echo  # a stream sends it with the choice's first chunk
         self.num_tokens = 0
         self.logprobs: list[common_pb2.TokenLogprobs] = []
         self.parser = make_tool_parser(tool_parser) if tool_parser else None
@@ -67,6 +78,11 @@ class _Choice:
             "stop_reason") else None
         if self.tool_calls and self.finish_reason == "stop":
             self.finish_reason = "tool_calls"
+
+    def echoed(self, text: str) -> str:
+        """`text`, after the echoed prompt if that is not sent yet."""
+        out, self.unsent_echo = self.unsent_echo + text, ""
+        return out
 
 
 def finished_error(f) -> GatewayError | None:
@@ -131,12 +147,13 @@ def _chat_entry(lp, token_text: TokenText) -> dict:
 # ---- one JSON body ---------------------------------------------------------------------------
 async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenText) -> dict:
     """Drain the stream into a chat.completion / text_completion body (GatewayError on failure)."""
-    choices = [_Choice(i, spec.tool_parser) for i in range(spec.num_choices)]
+    choices = spec.choices()
     usages: dict[int, common_pb2.Usage] = {}
     async for msg in messages:
         if msg.WhichOneof("kind") == "tokens":
             c = choices[msg.tokens.index]
-            c.text.append(msg.tokens.text_delta)
+            if not spec.echo_only:
+                c.text.append(msg.tokens.text_delta)
             c.num_tokens += len(msg.tokens.token_ids)
             c.logprobs.extend(msg.tokens.logprobs)
             continue
@@ -178,7 +195,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
     """The stream as SSE `data:` lines ending in `data: [DONE]`; an error (a worker's
     Finished ERROR or ABORT, the decode worker failing mid-stream) becomes a
     `data: {"error": ...}` event, then `data: [DONE]`, and the stream ends."""
-    choices = [_Choice(i, spec.tool_parser) for i in range(spec.num_choices)]
+    choices = spec.choices()
     chunk = _ChunkWriter(spec)
     if spec.chat:  # the role chunk goes out with the first token, in one write
         chunk.pending = chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
@@ -189,10 +206,11 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
         if msg.WhichOneof("kind") == "tokens":
             t = msg.tokens
             c = choices[t.index]
-            text = t.text_delta
+            text = "" if spec.echo_only else t.text_delta
             calls: list[ParsedToolCall] = []
             if c.parser is not None:
                 text, calls = c.parser.feed(text)
+            text = c.echoed(text)
             lps = logprobs_dict(spec, t.logprobs, token_text, sum(map(len, c.text))) \
                 if spec.num_logprobs is not None and t.logprobs else None
             c.text.append(t.text_delta)
@@ -208,6 +226,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
             return
         c = choices[f.index]
         text, calls = c.parser.finish() if c.parser is not None else ("", [])
+        text = c.echoed(text)  # a choice that generated no text still echoes its prompt
         base = len(c.tool_calls)
         c.tool_calls += calls
         c.finish(f)
