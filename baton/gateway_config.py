@@ -9,10 +9,12 @@ Workers come from `--decode` / `--prefill` (comma-separated or repeated) and fro
 A `host:port` whose host is a name is resolved to its IPv4 (A) records every
 `--dns-refresh-s`; each address is one worker (a Kubernetes headless Service works as is).
 `--chat-template FILE|tokenizer` and `--tool-call-parser NAME`: gateway/chat_templates.py,
-gateway/tool_parsers.py.
+gateway/tool_parsers.py. `--allowed-origins` and its siblings: CORS for browser clients
+(CorsConfig, vLLM's flags).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -75,6 +77,34 @@ class RouterConfig:
             raise ValueError("max_sessions must be >= 1 and sent_index_blocks >= 0")
 
 
+def string_list(text: str) -> tuple[str, ...]:
+    """A flag's list: a JSON list, as vLLM takes `--allowed-origins '["https://a.b"]'`, or
+    comma-separated (`https://a.b,https://c.d`); ValueError for JSON that is no string list."""
+    if text.lstrip().startswith("["):
+        values = json.loads(text)
+        if not all(isinstance(v, str) for v in values):
+            raise ValueError(f"expected a JSON list of strings, got {text!r}")
+        return tuple(values)
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+@dataclass(frozen=True)
+class CorsConfig:
+    """Cross-origin requests from browsers (Starlette's CORSMiddleware, outside the API-key
+    check so a preflight, which carries no key, is answered; vLLM's flags and defaults).
+    allowed_origins / allowed_methods / allowed_headers: what a page may call from and with
+    ("*": any); allow_credentials: browsers may send cookies and credentials."""
+
+    allowed_origins: tuple[str, ...] = flag(
+        ("*",), "origins browser pages may call the API from, comma-separated or a JSON list "
+                "('*': any; default: *)", parse=string_list)
+    allowed_methods: tuple[str, ...] = flag(
+        ("*",), "HTTP methods allowed cross-origin (default: *)", parse=string_list)
+    allowed_headers: tuple[str, ...] = flag(
+        ("*",), "request headers allowed cross-origin (default: *)", parse=string_list)
+    allow_credentials: bool = flag(False, "allow cross-origin requests with credentials")
+
+
 def split_host_port(address: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' → (host, port); ValueError on anything else."""
     host, sep, port = address.rpartition(":")
@@ -110,7 +140,8 @@ class GatewayConfig:
     prep_processes / prep_timeout_s: the processes that prepare requests (parse, template,
     tokenize, check schemas) off the event loop, and how long one request's preparation may
     take (then a 400 naming the field it was on; gateway/prep_pool.py). limits: what one
-    request may carry (tools, schema bytes and depth; baton/request_limits.py).
+    request may carry (n, tools, schema bytes and depth; baton/request_limits.py). cors:
+    browser access (CorsConfig).
     """
 
     model: str = flag("smollm2-135m", "registered name or Hugging Face model folder")
@@ -166,6 +197,7 @@ class GatewayConfig:
     prep_timeout_s: float = flag(
         10.0, "longest preparation of one request (then 400 naming the field)")
     limits: RequestLimits = field(default_factory=RequestLimits)
+    cors: CorsConfig = field(default_factory=CorsConfig)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:

@@ -1,6 +1,7 @@
 """ASGI pieces under the FastAPI routes: the guard in front, SSE and disconnect handling behind.
 
-- `Guard` (outermost middleware): stamps the arrival time, checks the API key (every path but
+- `Guard` (the outermost middleware after CORS, whose preflights never reach it:
+  gateway/http_api.py): stamps the arrival time, checks the API key (every path but
   /health; `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`), bounds the body
   (Content-Length, and counted while it streams in), answers in the shape of the path's API
   (Anthropic's under /v1/messages, gateway/errors.py), counts

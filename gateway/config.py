@@ -18,6 +18,7 @@ import os
 from baton.flagspec import build, parser_for
 from baton.gateway_config import (
     API_KEY_ENV,
+    CorsConfig,
     GatewayConfig,
     PrefillModeChoice,
     RouterConfig,
@@ -25,7 +26,7 @@ from baton.gateway_config import (
     split_host_port,
 )
 
-__all__ = ["API_KEY_ENV", "GatewayConfig", "PrefillModeChoice", "RouterConfig",
+__all__ = ["API_KEY_ENV", "CorsConfig", "GatewayConfig", "PrefillModeChoice", "RouterConfig",
            "RoutingPolicy", "build_parser", "parse_args", "split_host_port"]
 
 

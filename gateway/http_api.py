@@ -3,6 +3,9 @@ Messages API (gateway/messages_api.py), OpenAI's Responses API (gateway/response
 vLLM's /tokenize family, models, health, metrics, session deletion.
 
 A request's life here:
+  0. CORS (Starlette's CORSMiddleware, --allowed-origins and its siblings, outermost): a
+     browser's preflight (OPTIONS, no API key) is answered here; every other answer, a 401
+     included, gets the CORS headers, so a page can read it.
   1. `Guard` (gateway/asgi.py): API key, body size, arrival time.
   2. The raw body goes to the preparation pool (gateway/prep_pool.py: other processes, so
      nothing proportional to the request's size runs on this event loop): parse (bad JSON /
@@ -31,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from gateway.asgi import Guard
 from gateway.config import GatewayConfig
@@ -55,12 +59,16 @@ from gateway.workers import DECODE, PREFILL, WorkerPool
 def create_app(config: GatewayConfig, prompts: PromptBuilder, prep: PrepPool,
                dispatcher: Dispatcher, pool: WorkerPool, metrics: GatewayMetrics,
                drain: Drain) -> FastAPI:
-    """The gateway's FastAPI app: Guard in front, the OpenAI routes, Anthropic's Messages
-    API, OpenAI's Responses API, vLLM's /tokenize family, health, metrics; errors in the
-    shape of each path's API."""
+    """The gateway's FastAPI app: CORS, then Guard, in front, the OpenAI routes, Anthropic's
+    Messages API, OpenAI's Responses API, vLLM's /tokenize family, health, metrics; errors in
+    the shape of each path's API."""
     app = FastAPI(title="Baton gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=metrics, drain=drain)
+    cors = config.cors  # added last, so outermost: a preflight never meets the key check
+    app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins,
+                       allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
+                       allow_credentials=cors.allow_credentials)
     _add_error_handlers(app)
     ignored = IgnoredFieldLog()
     relay = Relay(prep, dispatcher, metrics, drain, ignored)
