@@ -2,6 +2,7 @@
 
     merge_outputs(job.sequences) ──▶ (index i, StepOutput) as they come, any sequence
     StepOutput(index i, new tokens, text) ──add()──▶ TokenChunk{index i, token_ids, text}
+                                                      (completion 0's first: + prompt_usage)
     StepOutput(finished)                  ──add()──▶ kept until every sequence is done
     finish() ──▶ Finished{index, reason, stop_reason, usage (the request's), timings} × n
 
@@ -10,7 +11,9 @@ cached_tokens = prompt tokens nobody computed for sequence 0: the prefill worker
 prefix hit when it prefilled remotely (it computes whatever it lacks, even blocks this worker
 holds; those are simply not transferred), else this worker's prefix hit; cached_by splits
 it by source and recomputed_held_tokens counts what prefill computed although this worker
-held it (decode_service/usage.py). Both go to the metrics too.
+held it (decode_service/usage.py). Both go to the metrics too. The prompt's part of it is
+known once the prompt is prefilled: completion 0's first chunk carries it (prompt_usage), so
+the gateway can state the cache split at the start of a stream (Anthropic's message_start).
 """
 from __future__ import annotations
 
@@ -59,18 +62,27 @@ class ResponseBuilder:
         self.finals: dict[int, StepOutput] = {}
         self.last_token_time: dict[int, float] = {}
         self.first_token_time: float | None = None
+        self.prompt_usage_sent = False
 
     def add(self, index: int, out: StepOutput) -> Iterator[decode_pb2.GenerateResponse]:
+        """The messages of one sequence's output: its TokenChunk (completion 0's first one
+        with the prompt's usage), if it has tokens; a finished output is kept for finish()."""
         if out.new_token_ids or out.text_delta:
             self._tokens_seen(index, len(out.new_token_ids))
-            yield decode_pb2.GenerateResponse(tokens=decode_pb2.TokenChunk(
+            chunk = decode_pb2.TokenChunk(
                 index=index, token_ids=out.new_token_ids, text_delta=out.text_delta,
-                logprobs=[logprob_to_proto(lp) for lp in out.logprobs]))
+                logprobs=[logprob_to_proto(lp) for lp in out.logprobs])
+            if index == 0 and not self.prompt_usage_sent:
+                self.prompt_usage_sent = True
+                chunk.prompt_usage.CopyFrom(
+                    self.job.sequences[0].usage.to_proto(len(self.job.prompt), 0))
+            yield decode_pb2.GenerateResponse(tokens=chunk)
         if out.finished:
             self.finals[index] = out
             self.metrics.requests.labels(out.finish_reason or "unknown").inc()
 
     def finish(self) -> Iterator[decode_pb2.GenerateResponse]:
+        """One Finished per completion, each with the request's usage and timings."""
         job = self.job
         split = job.sequences[0].usage
         usage = split.to_proto(len(job.prompt),

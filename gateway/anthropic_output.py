@@ -6,10 +6,13 @@
                         "stop_sequence" (+ stop_sequence); max_tokens → "max_tokens";
                         else "end_turn". ERROR / ABORT → the error (a stream: an error event)
     usage            ─▶ input_tokens (prompt tokens not read from a cache, as Anthropic
-                        counts them), cache_read_input_tokens (the workers' cached_tokens),
-                        cache_creation_input_tokens 0, output_tokens
+                        counts them), cache_read_input_tokens (the workers' cached_tokens;
+                        the two sum to the prompt's length), cache_creation_input_tokens 0,
+                        output_tokens
 
-A stream is: message_start, ping, then per block content_block_start, content_block_delta
+A stream is: message_start (sent with the first piece of output, whose prompt usage, from
+the decode worker's first chunk, it states: the same split message_delta ends with), ping,
+then per block content_block_start, content_block_delta
 (text_delta; a tool call's whole input in one input_json_delta, since calls are parsed
 whole), content_block_stop; then message_delta (stop_reason, stop_sequence, the final usage)
 and message_stop. A failure after the start is `event: error` and the stream ends.
@@ -39,10 +42,10 @@ def tool_use(call: ParsedToolCall) -> dict:
             "name": call.name, "input": json.loads(call.arguments)}
 
 
-def usage(finished, prompt_len: int, counted: int) -> dict:
-    """Anthropic's usage of a finished request (the gateway's own counts where the worker
+def usage(u: common_pb2.Usage | None, prompt_len: int, counted: int) -> dict:
+    """Anthropic's usage from a worker's Usage (the gateway's own counts where the worker
     sent none)."""
-    u = finished.usage if finished is not None else common_pb2.Usage()
+    u = u if u is not None else common_pb2.Usage()
     prompt = u.prompt_tokens or prompt_len
     return {"input_tokens": prompt - u.cached_tokens, "output_tokens":
             u.completion_tokens or counted, "cache_read_input_tokens": u.cached_tokens,
@@ -79,16 +82,19 @@ class MessagesPresenter:
         content, calls, f, counted = await whole(messages, self.tool_parser)
         blocks = ([{"type": "text", "text": content}] if content.strip() or not calls
                   else []) + [tool_use(c) for c in calls]
-        return self._message(blocks, *stop(f, bool(calls)), usage(f, self.prompt_len, counted))
+        return self._message(blocks, *stop(f, bool(calls)),
+                             usage(f.usage, self.prompt_len, counted))
 
     async def events(self, messages: AsyncIterator) -> AsyncIterator[bytes]:
         """The SSE events of the module docstring."""
-        start = usage(None, self.prompt_len, 0)
-        yield sse("message_start", {"type": "message_start",
-                                    "message": self._message([], None, None, start)})
-        yield sse("ping", {"type": "ping"})
-        blocks = _Blocks()
+        blocks, started = _Blocks(), False
         async for piece in pieces(messages, self.tool_parser):
+            if not started:  # no wait: the relay holds the first message before answering
+                started = True
+                start = usage(piece.prompt_usage, self.prompt_len, 0)
+                yield sse("message_start", {"type": "message_start",
+                                            "message": self._message([], None, None, start)})
+                yield sse("ping", {"type": "ping"})
             if piece.error is not None:
                 yield self.end_error(piece.error)
                 return
@@ -101,7 +107,7 @@ class MessagesPresenter:
             reason, sequence = stop(piece.finished, blocks.called)
             yield sse("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": reason, "stop_sequence": sequence},
-                "usage": usage(piece.finished, self.prompt_len, piece.counted)})
+                "usage": usage(piece.finished.usage, self.prompt_len, piece.counted)})
             yield sse("message_stop", {"type": "message_stop"})
 
     def end_error(self, error: GatewayError) -> bytes:

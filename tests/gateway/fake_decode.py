@@ -91,7 +91,12 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
                 delta = piece if hit is None else \
                     texts[i][len(prev):max(len(prev), texts[i].index(hit))]
                 emitted += 1
-                yield _chunk(i, tid + i, delta, sp)
+                msg = _chunk(i, tid + i, delta, sp)
+                if i == 0 and step == 0:  # as the real worker: the prompt's usage, at once
+                    msg.tokens.prompt_usage.CopyFrom(common_pb2.Usage(
+                        prompt_tokens=len(request.prompt_token_ids),
+                        cached_tokens=b.cached_tokens))
+                yield msg
                 if hit is not None:
                     done[i] = True
                     yield _finished(i, common_pb2.FINISH_REASON_STOP, stop_str=hit)

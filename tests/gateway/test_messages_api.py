@@ -66,6 +66,31 @@ async def test_streaming_message_and_its_event_sequence(gw, client, fake):
                      "message_stop"]
 
 
+async def test_message_start_usage_splits_cached_and_uncached_input(gw, client, fake):
+    """message_start counted the whole prompt as uncached input (cache_read 0) while
+    message_delta split it; now both say input_tokens = uncached, cache_read_input_tokens =
+    cached, summing to the prompt's length, as the non-streamed message does."""
+    fake.servicer.behavior = Behavior(cached_tokens=4)
+    async with httpx.AsyncClient(base_url=gw.http_url, headers={"x-api-key": "k"}) as c:
+        r = await c.post("/v1/messages", json={"model": MODEL, "max_tokens": 8,
+                                                "messages": ASK, "stream": True})
+    events = {line.split('"type":"')[1].split('"')[0]: json.loads(line[len("data: "):])
+              for line in r.text.splitlines() if line.startswith("data: ")}
+    prompt = len(fake.servicer.requests[-1].prompt_token_ids)
+    split = {"input_tokens": prompt - 4, "cache_read_input_tokens": 4,
+             "cache_creation_input_tokens": 0}
+    assert events["message_start"]["message"]["usage"] == {**split, "output_tokens": 0}
+    assert events["message_delta"]["usage"] == {**split, "output_tokens": 3}
+    async with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK) as stream:
+        async for event in stream:
+            if event.type == "message_start":
+                start = event.message.usage
+        final = (await stream.get_final_message()).usage
+    m = await client.messages.create(model=MODEL, max_tokens=8, messages=ASK)
+    for u in (start, final, m.usage):
+        assert (u.input_tokens, u.cache_read_input_tokens) == (prompt - 4, 4)
+
+
 async def test_stop_sequence_and_max_tokens_stop_reasons(client, fake):
     m = await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
                                      stop_sequences=[" world"])

@@ -4,7 +4,8 @@ gateway + decode + prefill, gRPC transport, the shipped tool-aware template):
 - a Claude-Code-shaped 8-turn session through /v1/messages (the official `anthropic`
   client; a billing line in the system prompt that changes every turn, tools, tool_use →
   tool_result turns, Claude Code's session header) reports cache_read_input_tokens >= the
-  previous turn's input less one block on every turn after the first;
+  previous turn's input less one block on every turn after the first, and a streamed turn's
+  message_start states the same split as its end;
 - a Codex-shaped 8-turn session through /v1/responses (the official `openai` client; the
   whole `input` every turn, store false, function_call → function_call_output items,
   prompt_cache_key) reports input_tokens_details.cached_tokens the same way.
@@ -85,6 +86,16 @@ async def test_claude_code_session_through_messages_reads_its_cache(stack):
             else:
                 messages.append({"role": "assistant", "content": reply or "ok"})
                 messages.append({"role": "user", "content": f"go {turn}"})
+        # streamed, message_start states the split the decode worker's first chunk carries
+        async with client.messages.stream(
+                model=MODEL, max_tokens=4, messages=messages, tools=[TOOL],
+                extra_body={"temperature": 0}, system="You are Claude Code.",
+                extra_headers={"x-claude-code-session-id": "cc-session"}) as stream:
+            start = [e async for e in stream if e.type == "message_start"][0].message.usage
+            final = (await stream.get_final_message()).usage
+    assert start.cache_read_input_tokens >= BLOCK
+    assert (start.input_tokens, start.cache_read_input_tokens) == \
+        (final.input_tokens, final.cache_read_input_tokens)
     assert previous > 8 * BLOCK  # the session really grew
     assert decode.metrics.registry.get_sample_value(
         "baton_decode_recomputed_held_tokens_total") in (None, 0.0)
