@@ -42,8 +42,10 @@ def _fresh_venv(root: Path, wheel: Path) -> Path:
         [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "baton-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # --ignore-installed: the dependencies' path also holds this checkout's editable install
+    # (same name and version), which pip would otherwise take as already satisfying the wheel
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, timeout=300)
+                    "--ignore-installed", str(wheel)], check=True, timeout=300)
     return root / "bin"
 
 
@@ -54,7 +56,9 @@ def test_the_wheel_serves_from_a_fresh_venv(tmp_path):
     where = subprocess.run(
         [str(bin_dir / "python"), "-c", "import baton, kernels.gemv as g; "
          "print(baton.__file__); print(g._HASHED[0]); print(g.gemv_available())"],
-        cwd=tmp_path, env=env, check=True, capture_output=True, text=True).stdout.split()
+        cwd=tmp_path, env=env, check=False, capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr[-3000:]
+    where = where.stdout.split()
     assert all(str(tmp_path / "venv") in w for w in where[:2]), where  # not the checkout
     assert Path(where[1]).is_file() and where[2] == "True"  # csrc shipped, kernels built
     with baton_up("smollm2-135m", "--kv-host-tier-fraction", "0", cwd=tmp_path, env=env,

@@ -101,17 +101,22 @@ def test_bench_tau_bench_chat(traces, tmp_path):
     assert s["prefix_hit_actual"] <= s["prefix_hit_global"] + 1e-9
 
 
-def test_compare_running_servers(tmp_path, capsys):
+def _compare_slow_and_fast(out, *args: str) -> int:
+    """`baton bench compare` of two running fakes: colocated (slow) and disaggregated (fast)."""
+    from baton.bench.compare import main as compare_main
+
     slow = FakeServer(ttft_s=0.05, token_s=0.01)
     fast = FakeServer()
     with ServerThread(slow.app()) as slow_url, ServerThread(fast.app()) as fast_url:
-        out = tmp_path / "cmp"
-        from baton.bench.compare import main as compare_main
+        return compare_main(["--urls", f"colocated={slow_url},disaggregated={fast_url}",
+                             "--workload", "synthetic", "--block-tokens", "16",
+                             "--concurrency", "2", "--output", str(out), "--no-plots", *args,
+                             *FAST])
 
-        rc = compare_main(["--urls", f"colocated={slow_url},disaggregated={fast_url}",
-                           "--workload", "synthetic", "--synthetic-sessions", "4",
-                           "--block-tokens", "16", "--concurrency", "2", "--output", str(out),
-                           "--no-plots", *FAST])
+
+def test_compare_running_servers(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = _compare_slow_and_fast(out, "--synthetic-sessions", "4")
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
@@ -124,16 +129,8 @@ def test_compare_running_servers(tmp_path, capsys):
 
 
 def test_compare_rounds_alternate_the_order(tmp_path, capsys):
-    slow = FakeServer(ttft_s=0.05, token_s=0.01)
-    fast = FakeServer()
-    with ServerThread(slow.app()) as slow_url, ServerThread(fast.app()) as fast_url:
-        out = tmp_path / "cmp"
-        from baton.bench.compare import main as compare_main
-
-        rc = compare_main(["--urls", f"colocated={slow_url},disaggregated={fast_url}",
-                           "--rounds", "2", "--workload", "synthetic", "--synthetic-sessions",
-                           "2", "--block-tokens", "16", "--concurrency", "2", "--output",
-                           str(out), "--no-plots", *FAST])
+    out = tmp_path / "cmp"
+    rc = _compare_slow_and_fast(out, "--rounds", "2", "--synthetic-sessions", "2")
     assert rc == 0
     printed = capsys.readouterr().out
     started = [line.split()[1] for line in printed.splitlines()

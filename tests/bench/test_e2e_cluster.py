@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 def test_bench_quick_against_local_cluster(tmp_path):
     out = tmp_path / "quick"
-    rc = main(["--quick", "--duration", "40", "--warmup", "5", "--no-progress", "--no-plots",
-               "--output", str(out)])
+    rc = main(["--quick", "--duration", "20", "--warmup", "3", "--grace", "5", "--no-progress",
+               "--no-plots", "--output", str(out)])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     s = report["levels"][0]["summary"]
