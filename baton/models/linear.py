@@ -34,15 +34,15 @@ widened, the fp32 result rounded to bf16 once, as oneDNN's bf16 GEMM rounds its 
 the summation order differs. On the Intel Xeon of BENCHMARKS.md's sixth pass (AVX512_BF16, no
 AMX) oneDNN's bf16 GEMM ran at 139-151 GFLOP/s on SmolLM2's shapes (256 and 910 rows, both
 cores) and the fp32 one, conversions included, at 175-226: 1.4-1.5×. With AMX, or on AMD's Zen 4
-(VDPBF16PS at twice its FMA rate: 380 GFLOP/s measured), bf16 stays. The choice is made from
+(oneDNN's bf16 measured 380 GFLOP/s on two cores, above their fp32 FMA peak), bf16 stays. The choice is made from
 the CPU's flags and total memory, never timed, so every process on a machine computes the same
 bits (a prompt prefilled on a prefill worker and one prefilled on a decode worker agree).
 """
 from __future__ import annotations
 
-import torch
-
 import os
+
+import torch
 
 from kernels import gemv as native
 from kernels.gemv import extension as native_extension
