@@ -1,7 +1,9 @@
 """The dtypes an engine can run, and what `--dtype auto` means on the machine at hand.
 
-    auto → "bfloat16" on CUDA, and on a CPU with AVX512_BF16 or AMX-BF16 (oneDNN's bf16 GEMM
-           is several times its fp32 one there, and a bf16 decode step reads half the bytes);
+    auto → "bfloat16" on CUDA, and on a CPU with AVX512_BF16 or AMX-BF16 (a bf16 decode step
+           reads half the bytes; oneDNN's bf16 GEMM is several times its fp32 one with AMX,
+           though not on an Intel CPU without AMX, where the prompt GEMMs then run in fp32:
+           baton/models/linear.py);
            "float32" on any other CPU (AVX2-only x86, where bf16 matmuls are emulated and far
            slower than fp32: PLATFORM.md measured 393 ms a step against 61).
 
@@ -17,6 +19,19 @@ from collections.abc import Iterable
 DTYPES = ("float32", "bfloat16", "float16")
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@functools.cache
+def cpu_vendor(path: str = "/proc/cpuinfo") -> str:
+    """The first CPU's vendor_id ("GenuineIntel", "AuthenticAMD"; "" where there is none)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 @functools.cache

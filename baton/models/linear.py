@@ -33,8 +33,9 @@ Where the CPU's bf16 dot products are slow, those GEMMs run in fp32 instead
 widened, the fp32 result rounded to bf16 once, as oneDNN's bf16 GEMM rounds its fp32 sums; only
 the summation order differs. On the Intel Xeon of BENCHMARKS.md's sixth pass (AVX512_BF16, no
 AMX) oneDNN's bf16 GEMM ran at 139-151 GFLOP/s on SmolLM2's shapes (256 and 910 rows, both
-cores) and the fp32 one, conversions included, at 175-226: 1.4-1.5×. With AMX, or on AMD's Zen 4
-(oneDNN's bf16 measured 380 GFLOP/s on two cores, above their fp32 FMA peak), bf16 stays. The choice is made from
+cores) and the fp32 one, conversions included, at 175-226: 1.4-1.5×. Elsewhere bf16 stays: with
+AMX it is several times fp32, and on AMD's Zen 4 oneDNN's bf16 ran at 380 GFLOP/s on two cores
+(an earlier pass; fp32 was not measured there). The choice is made from
 the CPU's flags and total memory, never timed, so every process on a machine computes the same
 bits (a prompt prefilled on a prefill worker and one prefilled on a decode worker agree).
 """
@@ -44,6 +45,7 @@ import os
 
 import torch
 
+from baton.dtypes import cpu_flags, cpu_vendor
 from kernels import gemv as native
 from kernels.gemv import extension as native_extension
 from kernels.gemv import max_rows as native_max_rows
@@ -63,53 +65,31 @@ def prepack_fits(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
     is at most PREPACK_MAX_FRACTION of the memory free now (MemAvailable; False when it
     cannot be read): SmolLM2-135M's 0.2 GB on a 24 GB host yes, an 8B model's 16 GB on a
     32 GB host no (its GEMMs then reorder per call, as before)."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return weight_bytes <= PREPACK_MAX_FRACTION * int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+    available = _meminfo_bytes("MemAvailable", meminfo)
+    return available is not None and weight_bytes <= PREPACK_MAX_FRACTION * available
 
 
 GEMM_ENV = "BATON_BF16_GEMM"  # "fp32" / "bf16": override bf16_gemm_in_fp32's rule
 
 
-def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
-    """(vendor_id, flags) of the first CPU in /proc/cpuinfo; ("", {}) where unreadable."""
-    vendor, flags = "", frozenset()
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("vendor_id") and not vendor:
-                    vendor = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = frozenset(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    return vendor, flags
-
-
-def _mem_total(meminfo: str = "/proc/meminfo") -> int:
-    """MemTotal in bytes (0 when unreadable)."""
+def _meminfo_bytes(field: str, meminfo: str = "/proc/meminfo") -> int | None:
+    """/proc/meminfo's `field` ("MemAvailable", "MemTotal") in bytes; None when unreadable."""
     try:
         with open(meminfo) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
 
 
 def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
                       meminfo: str = "/proc/meminfo") -> bool:
     """Whether a bf16 model's prompt GEMMs (`weight_bytes` of bf16 matrices) run in fp32 on
-    fp32 prepacked copies (module docstring): where oneDNN's bf16 GEMM has neither AMX nor
-    AMD's fast VDPBF16PS (measured: an Intel Xeon with AVX512_BF16 and no AMX; CPUs without
-    AVX512_BF16 emulate bf16 products), and the fp32 copy (2 × weight_bytes) is at most
+    fp32 prepacked copies (module docstring): on an Intel CPU with AVX512_BF16 and no AMX,
+    the one kind where fp32 was measured faster (elsewhere bf16 stays, as before), and where
+    the fp32 copy (2 × weight_bytes) is at most
     PREPACK_MAX_FRACTION of MemTotal (the total, not the free memory: the same answer in every
     process of the machine). $BATON_BF16_GEMM=fp32|bf16 overrides the CPU rule (not the
     memory bound); another value raises ValueError."""
@@ -118,13 +98,13 @@ def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
         raise ValueError(f"{GEMM_ENV} must be fp32 or bf16, got {forced!r}")
     if forced == "bf16" or not torch.backends.mkldnn.is_available():
         return False
-    if 2 * weight_bytes > PREPACK_MAX_FRACTION * _mem_total(meminfo):
+    if 2 * weight_bytes > PREPACK_MAX_FRACTION * (_meminfo_bytes("MemTotal", meminfo) or 0):
         return False
     if forced == "fp32":
         return True
-    vendor, flags = _cpuinfo(cpuinfo)
-    fast_bf16 = "amx_bf16" in flags or (vendor == "AuthenticAMD" and "avx512_bf16" in flags)
-    return bool(flags) and not fast_bf16
+    flags = cpu_flags(cpuinfo)
+    return (cpu_vendor(cpuinfo) == "GenuineIntel" and "avx512_bf16" in flags
+            and "amx_bf16" not in flags)
 
 
 def prepack_weight(w: torch.Tensor) -> torch.Tensor | None:
