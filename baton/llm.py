@@ -108,6 +108,8 @@ class LLM:
                     comp.text += out.text_delta
                     if comp.logprobs is not None:
                         comp.logprobs.extend(out.logprobs)
+                    if out.prompt_logprobs is not None and idx == 0:
+                        res.prompt_logprobs = [None, *out.prompt_logprobs]
                     if out.finished:
                         comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
                         if idx == 0:
@@ -123,8 +125,9 @@ class LLM:
         base = str(next(self._ids))
         res = RequestOutput(base, text, ids, [], num_cached_tokens=0)
         for i in range(params.n):
-            sub = params if params.n == 1 else replace(
-                params, n=1, seed=None if params.seed is None else params.seed + i)
+            sub = params if params.n == 1 else replace(  # the prompt's logprobs: once
+                params, n=1, seed=None if params.seed is None else params.seed + i,
+                prompt_logprobs=params.prompt_logprobs if i == 0 else None)
             rid = base if params.n == 1 else f"{base}-{i}"
             self.engine.add_request(rid, ids, sub)
             res.outputs.append(CompletionOutput(

@@ -23,6 +23,8 @@ class StepOutput:
     drafted tokens: baton/engine/spec/); text_delta: text now safe
     to stream; finish_reason: None while running, else "stop" | "length" | "abort" | "error";
     stop_reason: the stop string or stop token id that ended it, if any.
+    prompt_logprobs: prompt tokens 1.. (SamplingParams.prompt_logprobs), on the output of
+    its first token only.
     cached_spans: where its num_cached_tokens came from in this engine, in prompt order
     ((KVSource, num_tokens) pairs: baton/engine/kv_source.py).
     """
@@ -39,6 +41,7 @@ class StepOutput:
     num_cached_tokens: int
     error: str | None = None
     cached_spans: tuple = ()
+    prompt_logprobs: list[TokenLogprob] | None = None  # on its first token, when asked
 
 
 def merge_outputs(outs: list[StepOutput]) -> StepOutput:
@@ -54,7 +57,9 @@ def merge_outputs(outs: list[StepOutput]) -> StepOutput:
         finish_reason=last.finish_reason, stop_reason=last.stop_reason,
         num_prompt_tokens=last.num_prompt_tokens, num_output_tokens=last.num_output_tokens,
         num_cached_tokens=last.num_cached_tokens, error=last.error,
-        cached_spans=last.cached_spans)
+        cached_spans=last.cached_spans,
+        prompt_logprobs=next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None),
+                             None))
 
 
 @dataclass
@@ -81,6 +86,9 @@ class RequestOutput:
     num_cached_tokens: int
     finished: bool = True
     cached_spans: tuple = ()  # where num_cached_tokens came from (StepOutput.cached_spans)
+    # vLLM's shape: None for the first prompt token, then each one's TokenLogprob (None
+    # when SamplingParams.prompt_logprobs was not set)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def output_token_ids(self) -> list[int]:

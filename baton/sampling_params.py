@@ -70,6 +70,9 @@ class SamplingParams:
     stop_token_ids: token ids that end generation (besides eos).
     ignore_eos: keep generating after eos.
     logprobs: None for none; 0 for the chosen token's logprob only; k for it and the top k.
+    prompt_logprobs: None for none; else each prompt token's logprob (after the first), its
+        rank and the top k (vLLM's `prompt_logprobs`): the whole prompt is computed for it,
+        never read from the prefix cache (its logits are needed at every position).
     include_stop_str_in_output: keep the matched stop string at the end of the output.
     skip_special_tokens: leave special tokens out of the output text.
     presence_penalty: in [-2, 2]; subtracted once from the logit of every token already in
@@ -94,6 +97,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     presence_penalty: float = 0.0
@@ -137,6 +141,11 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got "
+                                 f"{self.prompt_logprobs}")
         for s in self.stop:
             if not isinstance(s, str):
                 raise ValueError(f"stop must hold strings, got {s!r}")

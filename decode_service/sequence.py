@@ -13,6 +13,9 @@
         └────────────────▶ FINISHED ◀───┴─────────────────────────────────────────────┘
                                         (LOCAL → FINISHED too: ended before its first token)
 
+A sequence asking for prompt logprobs is always prefilled here: they need every prompt
+position's logits, which a transfer of KV does not carry.
+
 `settled` is set on entering LOCAL, RUNNING or FINISHED: from then on no transfer can write
 into a block this sequence uses, so the engine alone decides about them (an abort frees
 them at once). Only the remote task leaves REMOTE_KV, and only once RemotePrefill has said
@@ -145,7 +148,7 @@ class DecodeSequence:
     async def _add(self, peer: PrefillPeer | None,
                    min_remote_tokens: int | None) -> RemotePrefillPlan | None:
         rid, prompt, params, rkv = self.seq_id, self.prompt, self.params, self.remote_kv
-        if peer is None:
+        if peer is None or params.prompt_logprobs is not None:  # those: every position here
             self.engine_request = await self.engine.call(
                 lambda e: e.add_request(rid, prompt, params, self.session))
             return None

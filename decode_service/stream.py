@@ -2,7 +2,8 @@
 
     merge_outputs(job.sequences) ──▶ (index i, StepOutput) as they come, any sequence
     StepOutput(index i, new tokens, text) ──add()──▶ TokenChunk{index i, token_ids, text}
-                                                      (completion 0's first: + prompt_usage)
+                                                      (completion 0's first: + prompt_usage;
+                                                      each one's first: + prompt_logprobs)
     StepOutput(finished)                  ──add()──▶ kept until every sequence is done
     finish() ──▶ Finished{index, reason, stop_reason, usage (the request's), timings} × n
 
@@ -71,7 +72,8 @@ class ResponseBuilder:
             self._tokens_seen(index, len(out.new_token_ids))
             chunk = decode_pb2.TokenChunk(
                 index=index, token_ids=out.new_token_ids, text_delta=out.text_delta,
-                logprobs=[logprob_to_proto(lp) for lp in out.logprobs])
+                logprobs=[logprob_to_proto(lp) for lp in out.logprobs],
+                prompt_logprobs=[logprob_to_proto(lp) for lp in out.prompt_logprobs or ()])
             if index == 0 and not self.prompt_usage_sent:
                 self.prompt_usage_sent = True
                 chunk.prompt_usage.CopyFrom(

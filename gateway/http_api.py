@@ -160,7 +160,8 @@ class Routes:
                           sum(len(p.prompt_token_ids) for p in prepared.prompts),
                           view.num_logprobs, prepared.tool_parser, view.include_usage,
                           num_prompts=len(prepared.prompts), echo=view.echo,
-                          echo_only=view.echo_only)
+                          echo_only=view.echo_only, prompt_logprobs=view.prompt_logprobs,
+                          prompt_heads=tuple(p.prompt_token_ids[0] for p in prepared.prompts))
         presenter = OpenAIPresenter(spec, self.prompts.token_text)
         return await self.relay.respond(request, prepared, rid, presenter, headers)
 

@@ -124,9 +124,24 @@ class _Generation(Request):
     response_format: ResponseFormat | None = None
     # OpenAI's prompt-cache key: a session key after the headers (gateway/sessions.py).
     prompt_cache_key: str | None = None
+    # vLLM's: the prompt tokens' logprobs, each with its top k (-1, the whole vocabulary,
+    # is refused); computed by the decode worker over the whole prompt, no cache read.
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def check(self) -> None:
         """Checks across fields, made after parsing (RequestError naming the field)."""
+        self.check_prompt_logprobs()
+
+    def check_prompt_logprobs(self) -> None:
+        """prompt_logprobs is not streamed (vLLM's 400)."""
+        if self.prompt_logprobs is not None and self.stream:
+            raise RequestError("`prompt_logprobs` are not available when `stream=True`.",
+                               "prompt_logprobs")
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """The top k of the prompt's logprobs the workers compute (None: none)."""
+        return self.prompt_logprobs
 
     def wire_params(self) -> common_pb2.SamplingParams:
         """The sampling fields as the workers' message (max_tokens unset: the room left;
@@ -150,6 +165,8 @@ class _Generation(Request):
             p.seed = self.seed % (1 << 64)
         if self.num_logprobs is not None:
             p.logprobs = self.num_logprobs
+        if self.num_prompt_logprobs is not None:
+            p.prompt_logprobs = self.num_prompt_logprobs
         return p
 
     def output_format(self) -> OutputFormat | None:
@@ -179,7 +196,7 @@ class _Generation(Request):
     def view(self) -> RequestView:
         """The fields the event loop reads once the request is prepared."""
         return RequestView(self.model, self.n, self.stream, self.include_usage,
-                           self.num_logprobs)
+                           self.num_logprobs, prompt_logprobs=self.prompt_logprobs is not None)
 
 
 class ChatCompletionRequest(_Generation):
@@ -195,6 +212,7 @@ class ChatCompletionRequest(_Generation):
 
     def check(self) -> None:
         """top_logprobs above 0 needs logprobs true (vLLM's 400; OpenAI's rule)."""
+        self.check_prompt_logprobs()
         if self.top_logprobs and not self.logprobs:
             raise RequestError("when using `top_logprobs`, `logprobs` must be set to true",
                                "top_logprobs")
@@ -237,13 +255,18 @@ class CompletionRequest(_Generation):
     echo: bool = False
 
     def check(self) -> None:
-        """max_tokens 0 only with echo (vLLM's rule); echo with logprobs would need the
-        prompt's logprobs, which the engine does not compute."""
+        """max_tokens 0 only with echo (vLLM's rule)."""
+        self.check_prompt_logprobs()
         if self.max_tokens == 0 and not self.echo:
             raise RequestError("max_tokens must be at least 1 (0 only with echo)",
                                "max_tokens")
-        if self.echo and self.logprobs is not None:
-            raise RequestError("echo with logprobs (prompt logprobs) is not supported", "echo")
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """echo with logprobs k: the prompt's logprobs with top k lead the output's (vLLM)."""
+        if self.prompt_logprobs is None and self.echo:
+            return self.logprobs
+        return self.prompt_logprobs
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -8,7 +8,9 @@ Chat output goes through the configured tool-call parser (gateway/tool_parsers.p
 request offered tools, so e.g. `<tool_call>{...}</tool_call>` becomes `message.tool_calls` and
 finish_reason "tool_calls". Completions' `echo` puts the prompt's text before each choice's
 (a stream: in the choice's first chunk, as vLLM sends it); with `echo_only` the generated
-text is dropped.
+text is dropped. With echo and logprobs the prompt's tokens' logprobs come first (the decode
+worker sends them on each choice's first chunk: SamplingParams.prompt_logprobs); vLLM's
+`prompt_logprobs` field is added when asked (gateway/logprobs_output.py).
 """
 from __future__ import annotations
 
@@ -16,13 +18,13 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from gateway.choice import FINISH, Choice
 from gateway.errors import DONE, GatewayError, error_code_of, sse_error
+from gateway.logprobs_output import chat_logprobs, completion_logprobs, prompt_logprobs_field
 from gateway.tool_calls import ParsedToolCall
-from gateway.tool_parsers import make_tool_parser
 from protos import common_pb2
 
 TokenText = Callable[[int], str]
-_FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,9 @@ class OutputSpec:
     several prompts (gateway/batch.py) has n choices per prompt, choice index
     prompt_i * n + j, and prompt_len the sum of the prompts' lengths. tool_parser: the
     parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None. echo:
-    each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0)."""
+    each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0).
+    prompt_heads: each prompt's first token id (echoed logprobs start with it);
+    prompt_logprobs: add vLLM's `prompt_logprobs` field."""
 
     kind: str
     response_id: str
@@ -45,6 +49,13 @@ class OutputSpec:
     num_prompts: int = 1
     echo: tuple[str, ...] | None = None
     echo_only: bool = False
+    prompt_heads: tuple[int, ...] = ()
+    prompt_logprobs: bool = False
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """Completions' echo with logprobs: the prompt's tokens lead each choice's."""
+        return self.echo is not None and self.num_logprobs is not None
 
     @property
     def chat(self) -> bool:
@@ -54,40 +65,15 @@ class OutputSpec:
     def num_choices(self) -> int:
         return self.n * self.num_prompts
 
-    def choices(self) -> list[_Choice]:
+    def choices(self) -> list[Choice]:
         """Every choice, each holding its prompt's text when it is echoed."""
-        return [_Choice(i, self.tool_parser, self.echo[i // self.n] if self.echo else "")
+        return [Choice(i, self.tool_parser, self.echo[i // self.n] if self.echo else "")
                 for i in range(self.num_choices)]
-
-
-class _Choice:
-    def __init__(self, index: int, tool_parser: str | None, echo: str = "") -> None:
-        self.index = index
-        self.text: list[str] = [echo] if echo else []
-        self.unsent_echo = echo  # a stream sends it with the choice's first chunk
-        self.num_tokens = 0
-        self.logprobs: list[common_pb2.TokenLogprobs] = []
-        self.parser = make_tool_parser(tool_parser) if tool_parser else None
-        self.tool_calls: list[ParsedToolCall] = []
-        self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
-
-    def finish(self, f) -> None:
-        self.finish_reason = _FINISH[f.finish_reason]
-        self.stop_reason = getattr(f, f.WhichOneof("stop_reason")) if f.WhichOneof(
-            "stop_reason") else None
-        if self.tool_calls and self.finish_reason == "stop":
-            self.finish_reason = "tool_calls"
-
-    def echoed(self, text: str) -> str:
-        """`text`, after the echoed prompt if that is not sent yet."""
-        out, self.unsent_echo = self.unsent_echo + text, ""
-        return out
 
 
 def finished_error(f) -> GatewayError | None:
     """A Finished that is not a normal end → the error to report (None when normal)."""
-    if f.finish_reason in _FINISH:
+    if f.finish_reason in FINISH:
         return None
     if f.finish_reason == common_pb2.FINISH_REASON_ABORT:
         return GatewayError(503, "the request was aborted by the worker", code="aborted",
@@ -123,27 +109,6 @@ def usage_dict(spec: OutputSpec, usages: dict[int, common_pb2.Usage], counted: i
             "total_tokens": prompt + completion, "prompt_tokens_details": details}
 
 
-def logprobs_dict(spec: OutputSpec, lps, token_text: TokenText, offset: int = 0) -> dict:
-    """OpenAI logprobs of some tokens: chat `{"content": [...]}`, completions' legacy shape."""
-    if spec.chat:
-        return {"content": [_chat_entry(lp, token_text) for lp in lps]}
-    tokens = [token_text(lp.token_id) for lp in lps]
-    offsets = []
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{token_text(t.token_id): t.logprob for t in lp.top} for lp in lps],
-            "text_offset": offsets}
-
-
-def _chat_entry(lp, token_text: TokenText) -> dict:
-    text = token_text(lp.token_id)
-    return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode()),
-            "top_logprobs": [{"token": (t := token_text(x.token_id)), "logprob": x.logprob,
-                              "bytes": list(t.encode())} for x in lp.top]}
-
-
 # ---- one JSON body ---------------------------------------------------------------------------
 async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenText) -> dict:
     """Drain the stream into a chat.completion / text_completion body (GatewayError on failure)."""
@@ -154,8 +119,8 @@ async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenTe
             c = choices[msg.tokens.index]
             if not spec.echo_only:
                 c.text.append(msg.tokens.text_delta)
+            c.logprobs.extend(c.new_logprobs(spec, msg.tokens))
             c.num_tokens += len(msg.tokens.token_ids)
-            c.logprobs.extend(msg.tokens.logprobs)
             continue
         f = msg.finished
         if (error := finished_error(f)) is not None:
@@ -168,19 +133,26 @@ async def collect(spec: OutputSpec, messages: AsyncIterator, token_text: TokenTe
         c.finish(f)
         usages[f.index // spec.n] = f.usage
     counted = sum(c.num_tokens for c in choices)
-    return {"id": spec.response_id, "object": "chat.completion" if spec.chat else "text_completion",
+    body = {"id": spec.response_id,
+            "object": "chat.completion" if spec.chat else "text_completion",
             "created": spec.created, "model": spec.model,
             "choices": [_final_choice(spec, c, token_text) for c in choices],
             "usage": usage_dict(spec, usages, counted)}
+    if spec.chat and spec.prompt_logprobs:  # vLLM: the chat body's, the prompt's
+        body["prompt_logprobs"] = prompt_logprobs_field(choices[0].prompt_lps, token_text)
+    return body
 
 
-def _final_choice(spec: OutputSpec, c: _Choice, token_text: TokenText) -> dict:
+def _final_choice(spec: OutputSpec, c: Choice, token_text: TokenText) -> dict:
     text = "".join(c.text)
-    logprobs = logprobs_dict(spec, c.logprobs, token_text) if spec.num_logprobs is not None \
-        else None
+    logprobs = None if spec.num_logprobs is None else chat_logprobs(c.logprobs, token_text) \
+        if spec.chat else completion_logprobs(c.logprobs, token_text, head=c.head)
     if not spec.chat:
-        return {"index": c.index, "text": text, "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        out = {"index": c.index, "text": text, "logprobs": logprobs,
+               "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if spec.prompt_logprobs:
+            out["prompt_logprobs"] = prompt_logprobs_field(c.prompt_lps, token_text)
+        return out
     message: dict = {"role": "assistant", "content": text}
     if c.tool_calls:
         message["content"] = text.strip() or None
@@ -211,8 +183,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
             if c.parser is not None:
                 text, calls = c.parser.feed(text)
             text = c.echoed(text)
-            lps = logprobs_dict(spec, t.logprobs, token_text, sum(map(len, c.text))) \
-                if spec.num_logprobs is not None and t.logprobs else None
+            lps = _chunk_logprobs(spec, c, c.new_logprobs(spec, t), token_text)
             c.text.append(t.text_delta)
             c.num_tokens += len(t.token_ids)
             if text or lps or calls:
@@ -240,7 +211,19 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
     yield DONE
 
 
-def _delta(spec: OutputSpec, c: _Choice, text: str, calls: list[ParsedToolCall], base: int,
+def _chunk_logprobs(spec: OutputSpec, c: Choice, lps: list, token_text: TokenText):
+    """A chunk's logprobs (None without any): the choice's first with echoed logprobs starts
+    at the prompt's first token and text offset 0; the others go on after the choice's text."""
+    first = c.num_tokens == 0 and c.head is not None
+    if spec.num_logprobs is None or not (lps or first):
+        return None
+    if spec.chat:
+        return chat_logprobs(lps, token_text)
+    return completion_logprobs(lps, token_text, 0 if first else sum(map(len, c.text)),
+                               head=c.head if first else None)
+
+
+def _delta(spec: OutputSpec, c: Choice, text: str, calls: list[ParsedToolCall], base: int,
            lps, finish_reason: str | None) -> dict:
     """One choice's chunk; `base` is the index of the first of `calls` in the choice."""
     out: dict = {"index": c.index}

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/decode.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\"\xb4\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x1c\n\x0fprefill_address\x18\x05 \x01(\tH\x00\x88\x01\x01\x12+\n\x0cprefill_mode\x18\x06 \x01(\x0e\x32\x15.baton.v1.PrefillMode\x12 \n\x13session_ttl_seconds\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bsession_end\x18\x08 \x01(\x08\x42\x12\n\x10_prefill_addressB\x16\n\x14_session_ttl_seconds\"\x94\x01\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\ntext_delta\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.baton.v1.TokenLogprobs\x12%\n\x0cprompt_usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\"\x88\x01\n\x0eRequestTimings\x12\x14\n\x0cttft_seconds\x18\x01 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x03 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\x12\x16\n\x0eremote_prefill\x18\x05 \x01(\x08\"\xde\x01\n\x08\x46inished\x12\r\n\x05index\x18\x01 \x01(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x12\n\x08stop_str\x18\x03 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x04 \x01(\x05H\x00\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12)\n\x07timings\x18\x07 \x01(\x0b\x32\x18.baton.v1.RequestTimingsB\r\n\x0bstop_reason\"j\n\x10GenerateResponse\x12&\n\x06tokens\x18\x01 \x01(\x0b\x32\x14.baton.v1.TokenChunkH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.baton.v1.FinishedH\x00\x42\x06\n\x04kind*s\n\x0bPrefillMode\x12\x1c\n\x18PREFILL_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11PREFILL_MODE_AUTO\x10\x01\x12\x16\n\x12PREFILL_MODE_LOCAL\x10\x02\x12\x17\n\x13PREFILL_MODE_REMOTE\x10\x03\x32\x95\x02\n\rDecodeService\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12<\n\x08GetStats\x12\x19.baton.v1.GetStatsRequest\x1a\x15.baton.v1.WorkerStats\x12G\n\nEndSession\x12\x1b.baton.v1.EndSessionRequest\x1a\x1c.baton.v1.EndSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/decode.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\"\xb4\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x1c\n\x0fprefill_address\x18\x05 \x01(\tH\x00\x88\x01\x01\x12+\n\x0cprefill_mode\x18\x06 \x01(\x0e\x32\x15.baton.v1.PrefillMode\x12 \n\x13session_ttl_seconds\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bsession_end\x18\x08 \x01(\x08\x42\x12\n\x10_prefill_addressB\x16\n\x14_session_ttl_seconds\"\xc6\x01\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\ntext_delta\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.baton.v1.TokenLogprobs\x12%\n\x0cprompt_usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x30\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x17.baton.v1.TokenLogprobs\"\x88\x01\n\x0eRequestTimings\x12\x14\n\x0cttft_seconds\x18\x01 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x03 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\x12\x16\n\x0eremote_prefill\x18\x05 \x01(\x08\"\xde\x01\n\x08\x46inished\x12\r\n\x05index\x18\x01 \x01(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x12\n\x08stop_str\x18\x03 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x04 \x01(\x05H\x00\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12)\n\x07timings\x18\x07 \x01(\x0b\x32\x18.baton.v1.RequestTimingsB\r\n\x0bstop_reason\"j\n\x10GenerateResponse\x12&\n\x06tokens\x18\x01 \x01(\x0b\x32\x14.baton.v1.TokenChunkH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.baton.v1.FinishedH\x00\x42\x06\n\x04kind*s\n\x0bPrefillMode\x12\x1c\n\x18PREFILL_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11PREFILL_MODE_AUTO\x10\x01\x12\x16\n\x12PREFILL_MODE_LOCAL\x10\x02\x12\x17\n\x13PREFILL_MODE_REMOTE\x10\x03\x32\x95\x02\n\rDecodeService\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12<\n\x08GetStats\x12\x19.baton.v1.GetStatsRequest\x1a\x15.baton.v1.WorkerStats\x12G\n\nEndSession\x12\x1b.baton.v1.EndSessionRequest\x1a\x1c.baton.v1.EndSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREFILLMODE']._serialized_start=988
-  _globals['_PREFILLMODE']._serialized_end=1103
+  _globals['_PREFILLMODE']._serialized_start=1038
+  _globals['_PREFILLMODE']._serialized_end=1153
   _globals['_GENERATEREQUEST']._serialized_start=55
   _globals['_GENERATEREQUEST']._serialized_end=363
   _globals['_TOKENCHUNK']._serialized_start=366
-  _globals['_TOKENCHUNK']._serialized_end=514
-  _globals['_REQUESTTIMINGS']._serialized_start=517
-  _globals['_REQUESTTIMINGS']._serialized_end=653
-  _globals['_FINISHED']._serialized_start=656
-  _globals['_FINISHED']._serialized_end=878
-  _globals['_GENERATERESPONSE']._serialized_start=880
-  _globals['_GENERATERESPONSE']._serialized_end=986
-  _globals['_DECODESERVICE']._serialized_start=1106
-  _globals['_DECODESERVICE']._serialized_end=1383
+  _globals['_TOKENCHUNK']._serialized_end=564
+  _globals['_REQUESTTIMINGS']._serialized_start=567
+  _globals['_REQUESTTIMINGS']._serialized_end=703
+  _globals['_FINISHED']._serialized_start=706
+  _globals['_FINISHED']._serialized_end=928
+  _globals['_GENERATERESPONSE']._serialized_start=930
+  _globals['_GENERATERESPONSE']._serialized_end=1036
+  _globals['_DECODESERVICE']._serialized_start=1156
+  _globals['_DECODESERVICE']._serialized_end=1433
 # @@protoc_insertion_point(module_scope)

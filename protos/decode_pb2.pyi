@@ -40,18 +40,20 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_mode: _Optional[_Union[PrefillMode, str]] = ..., session_ttl_seconds: _Optional[float] = ..., session_end: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("index", "token_ids", "text_delta", "logprobs", "prompt_usage")
+    __slots__ = ("index", "token_ids", "text_delta", "logprobs", "prompt_usage", "prompt_logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_USAGE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text_delta: str
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
     prompt_usage: _common_pb2.Usage
-    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text_delta: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text_delta: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class RequestTimings(_message.Message):
     __slots__ = ("ttft_seconds", "queue_seconds", "prefill_seconds", "transfer_seconds", "remote_prefill")

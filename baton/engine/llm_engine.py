@@ -329,7 +329,10 @@ class LLMEngine:
         if status is not None:
             del self.requests[request_id]
             self._finish(req, status)
-        return self._output(tracked, [token], delta, lps)
+        out = self._output(tracked, [token], delta, lps)
+        if len(req.output_token_ids) == 1:  # its first token: the prompt's logprobs with it
+            out.prompt_logprobs = req.prompt_logprobs
+        return out
 
     def _output(self, tracked: _Tracked, new: list[int], delta: str,
                 lps: list[TokenLogprob]) -> StepOutput:

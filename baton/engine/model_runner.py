@@ -8,7 +8,8 @@ paged-decode kernel and prefill rows the variable-length prefix kernel.
     input_ids:   a                b  b1 b2                 c0 c1 c2 c3 c4      d0 d1 d2
     slot_mapping: slot(A, pos)    slot(B, n..n+2)          slot(C, 0..4)       slot(D, n..n+2)
     logits rows:  A, B ×3 (every position: verified), C (last token), D only if its chunk
-                  completes the prompt
+                  completes the prompt; every prompt position of a request asking for
+                  prompt logprobs (prompt_logprobs.py)
 
 On CUDA a step of single-token decode rows only (no drafts) replays a captured CUDA graph
 instead (cuda_graphs.py: the same forward, its inputs padded into static buffers), unless the
@@ -21,6 +22,7 @@ import torch
 from baton.models.decoder import AttentionMetadata, DecoderModel
 from baton.engine.cuda_graphs import DecodeGraphs
 from baton.engine.penalties import needs_token_history
+from baton.engine.prompt_logprobs import fill_prompt_logprobs
 from baton.engine.sampler import Sampler, SamplerOutput
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.spec.verify import Verifier, VerifyRow
@@ -80,6 +82,8 @@ class ModelRunner:
             return batch, self._sample(batch, self._graph_step(batch))
         input_ids, positions, meta = self._prepare(batch)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
+        if any(s.request.prompt_logprobs is not None for s in batch):
+            fill_prompt_logprobs(batch, hidden, self.model.compute_logits, self._to_device)
         ends = torch.tensor([s.num_new_tokens for s in batch]).cumsum(0) - 1
         sampling = [i for i, s in enumerate(batch) if s.completes_prompt]
         if not sampling:

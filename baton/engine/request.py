@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from baton.engine.kv_source import Spans
+from baton.outputs import TokenLogprob
 from baton.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ class Request:
     `num_cached_tokens` is how many of those came from a prefix-cache hit (or a remote
     prefill) when it was first scheduled, and `cached_spans` where in this engine they came
     from (pool or a tier, in prompt order: kv_source.py). `max_tokens` is resolved by the
-    engine (never None).
+    engine (never None). `prompt_logprobs` (when its params ask for them): prompt tokens
+    1.. in order, filled as its prefill chunks run (model_runner.py); such a request never
+    reads the prefix cache (scheduler.py), so its chunks start at position 0.
     """
 
     request_id: str
@@ -80,9 +83,11 @@ class Request:
     grammar: GrammarMatcher | None = None  # a structured output's matcher, advanced per token
     spec_token_ids: list[int] = field(default_factory=list)  # drafts for its next decode row
     all_token_ids: list[int] = field(init=False)
+    prompt_logprobs: list[TokenLogprob] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+        self.prompt_logprobs = None if self.sampling_params.prompt_logprobs is None else []
 
     @property
     def num_tokens(self) -> int:

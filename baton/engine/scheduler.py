@@ -234,13 +234,16 @@ class Scheduler:
         blocks is passed by for at most `max_bypass_s` (then admission stops behind it); one
         whose next uncached block another request computes this step waits for it
         (inflight_prefix.py); a prompt that would not complete beside a row that
-        does stops admission (`PrefillStep.defers`: behind it, longer ones)."""
+        does stops admission (`PrefillStep.defers`: behind it, longer ones). One asking for
+        prompt logprobs reads no cached prefix (vLLM's rule: they need every position's
+        logits)."""
         if plan.reserved is None:
             plan.reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
             hits, num_computed = self.kv.get_computed_blocks(
-                req.request_id, req.all_token_ids, plan.reserved)
-            if self._inflight.defers(req, num_computed):
+                req.request_id, req.all_token_ids, plan.reserved) \
+                if req.prompt_logprobs is None else ([], 0)  # its logits at every position
+            if req.prompt_logprobs is None and self._inflight.defers(req, num_computed):
                 return True
             n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, plan.budget))
             if step.defers(req, num_computed, n):

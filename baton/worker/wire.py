@@ -69,6 +69,7 @@ def sampling_params_from_proto(p: common_pb2.SamplingParams, **overrides) -> Sam
         stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs if p.HasField("logprobs") else None,
+        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens if p.HasField("skip_special_tokens") else True,
         presence_penalty=p.presence_penalty,
@@ -99,6 +100,8 @@ def sampling_params_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
         p.max_tokens = sp.max_tokens
     if sp.logprobs is not None:
         p.logprobs = sp.logprobs
+    if sp.prompt_logprobs is not None:
+        p.prompt_logprobs = sp.prompt_logprobs
     if sp.structured_output is not None:
         so = sp.structured_output
         p.structured_output.CopyFrom(common_pb2.StructuredOutput(

@@ -92,6 +92,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServiceServicer):
                     texts[i][len(prev):max(len(prev), texts[i].index(hit))]
                 emitted += 1
                 msg = _chunk(i, tid + i, delta, sp)
+                if step == 0 and sp.HasField("prompt_logprobs"):  # each one's first chunk
+                    msg.tokens.prompt_logprobs.extend(prompt_logprobs(
+                        list(request.prompt_token_ids), sp.prompt_logprobs))
                 if i == 0 and step == 0:  # as the real worker: the prompt's usage, at once
                     msg.tokens.prompt_usage.CopyFrom(common_pb2.Usage(
                         prompt_tokens=len(request.prompt_token_ids),
@@ -143,6 +146,15 @@ def _chunk(index: int, token_id: int, text: str, sp) -> decode_pb2.GenerateRespo
             top=[common_pb2.TopLogprob(token_id=token_id + k, logprob=-0.5 - k)
                  for k in range(sp.logprobs)]))
     return decode_pb2.GenerateResponse(tokens=chunk)
+
+
+def prompt_logprobs(prompt: list[int], k: int) -> list[common_pb2.TokenLogprobs]:
+    """The fake's prompt logprobs: token p (p >= 1) gets -p / 10, rank p, top k of
+    ids 100 + j at -j / 10."""
+    return [common_pb2.TokenLogprobs(
+        token_id=t, logprob=-p / 10, rank=p,
+        top=[common_pb2.TopLogprob(token_id=100 + j, logprob=-j / 10) for j in range(k)])
+        for p, t in enumerate(prompt) if p]
 
 
 def _finished(index: int, reason, usage=None, stop_str=None, error=""):

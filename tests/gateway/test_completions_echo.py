@@ -1,9 +1,11 @@
 """/v1/completions `echo: true`, as vLLM answers it: the prompt's text before each choice's
 text (a stream: in each choice's first chunk), a token-id prompt echoed as its decoded text,
-`max_tokens: 0` returning the prompt alone; echo with logprobs is a 400 (no prompt logprobs)."""
+`max_tokens: 0` returning the prompt alone; echo with logprobs puts the prompt's logprobs
+first (its first token's null), and vLLM's `prompt_logprobs` field on both endpoints."""
 from __future__ import annotations
 
 import openai
+import pytest
 
 from gateway.ignored_fields import HEADER
 from tests.gateway.conftest import MODEL
@@ -59,18 +61,78 @@ async def test_max_tokens_0_with_echo_returns_the_prompt_alone(gateway, fake):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-async def test_echo_with_logprobs_is_a_400(gateway, fake):
-    """It needs the prompt's logprobs, which the engine does not compute: refused, not
-    answered without them."""
-    sent = len(fake.servicer.requests)
-    for logprobs in (0, 2):
-        r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "x",
-                                                    "echo": True, "logprobs": logprobs})
-        assert r.status_code == 400, r.text
-        error = r.json()["error"]
-        assert error["param"] == "echo"
-        assert error["message"] == "echo with logprobs (prompt logprobs) is not supported"
-    assert len(fake.servicer.requests) == sent
+async def test_echo_with_logprobs_leads_with_the_prompts(gateway, fake):
+    """As vLLM: the workers compute the prompt's logprobs (prompt_logprobs = logprobs); the
+    choice's logprobs start with the prompt's tokens, the first with nulls, then the output's;
+    each top_logprobs entry holds the chosen token and the top k."""
+    ids = gateway.prompts.text_token_ids("The cat sat")
+    text = gateway.prompts.token_text
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ids, "echo": True,
+                                                "logprobs": 2, "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert fake.servicer.requests[-1].sampling_params.prompt_logprobs == 2
+    lp = r.json()["choices"][0]["logprobs"]
+    P = len(ids)
+    assert lp["tokens"][:P] == [text(t) for t in ids] and len(lp["tokens"]) == P + 3
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:P] == pytest.approx([-p / 10 for p in range(1, P)])
+    assert lp["top_logprobs"][1] == pytest.approx({text(ids[1]): -0.1, text(100): 0.0,
+                                                   text(101): -0.1})
+    assert lp["token_logprobs"][P:] == [-0.5] * 3  # the output's (fake_decode.py)
+    assert lp["text_offset"][:2] == [0, len(text(ids[0]))]
+    assert "prompt_logprobs" not in r.json()["choices"][0]
+    # max_tokens 0: the prompt's alone
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ids, "echo": True,
+                                                "logprobs": 0, "max_tokens": 0})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == [text(t) for t in ids]
+    assert lp["top_logprobs"][1] == pytest.approx({text(ids[1]): -0.1})
+
+
+async def test_streamed_echo_with_logprobs_sends_the_prompts_first(gateway, fake):
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "The cat sat",
+                                                "echo": True, "logprobs": 1, "n": 2,
+                                                "stream": True, "max_tokens": 2})
+    P = len(gateway.prompts.text_token_ids("The cat sat"))
+    chunks = [c["choices"][0] for c in sse_data(r.text)]
+    for i in (0, 1):
+        mine = [c for c in chunks if c["index"] == i and c["logprobs"]]
+        first = mine[0]["logprobs"]
+        assert len(first["tokens"]) == P + 1 and first["token_logprobs"][0] is None
+        assert first["text_offset"][0] == 0
+        assert sum(len(c["logprobs"]["tokens"]) for c in mine) == P + 2
+
+
+async def test_prompt_logprobs_field_as_vllm(gateway, fake):
+    ids = gateway.prompts.text_token_ids("One two")
+    text = gateway.prompts.token_text
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ids,
+                                                "prompt_logprobs": 1, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(ids)
+    assert list(got[1]) == [str(ids[1]), "100"]
+    assert got[1][str(ids[1])]["logprob"] == pytest.approx(-0.1)
+    assert got[1][str(ids[1])]["decoded_token"] == text(ids[1])
+    assert got[1]["100"] == {"logprob": 0.0, "rank": 1, "decoded_token": text(100)}
+    assert r.json()["choices"][0]["logprobs"] is None  # no output logprobs asked
+    r = await post(gateway, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+        "prompt_logprobs": 0, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["prompt_logprobs"][0] is None
+    assert len(body["prompt_logprobs"]) == len(fake.servicer.requests[-1].prompt_token_ids)
+    for path, extra in (("/v1/completions", {"prompt": "x"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                "content": "x"}]})):
+        sent = len(fake.servicer.requests)
+        for bad in ({"prompt_logprobs": 1, "stream": True}, {"prompt_logprobs": -1},
+                    {"prompt_logprobs": 21}):
+            r = await post(gateway, path, {"model": MODEL, **extra, **bad})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "prompt_logprobs"
+        assert len(fake.servicer.requests) == sent
 
 
 async def test_the_openai_client_streams_an_echo(gateway, fake):
@@ -81,9 +143,9 @@ async def test_the_openai_client_streams_an_echo(gateway, fake):
         stream = await client.completions.create(model=MODEL, prompt="Hi", echo=True,
                                                  stream=True)
         assert "".join([x.choices[0].text async for x in stream]) == "Hi" + GENERATED
-        try:
-            await client.completions.create(model=MODEL, prompt="Hi", echo=True, logprobs=1)
-        except openai.BadRequestError as e:
-            assert e.status_code == 400 and "echo with logprobs" in e.message
-        else:
-            raise AssertionError("echo with logprobs was answered")
+        # lm-evaluation-harness's loglikelihood request: echo, logprobs, max_tokens 0 or 1
+        c = await client.completions.create(model=MODEL, prompt="Hi there", echo=True,
+                                            logprobs=1, max_tokens=0, temperature=0)
+        lp = c.choices[0].logprobs
+        assert lp.token_logprobs[0] is None and len(lp.tokens) == len(lp.token_logprobs) > 1
+        assert all(isinstance(x, float) for x in lp.token_logprobs[1:])

@@ -226,3 +226,26 @@ async def test_concurrent_mixed_requests_match_reference(whole, model):
     for p, res in zip(prompts, results):
         assert res.output == hf_greedy(model, p, 8)
         assert res.fin.timings.remote_prefill is (len(p) >= 16)
+
+
+async def test_prompt_logprobs_are_computed_on_decode_and_match_colocated(whole, colocated):
+    """A prompt above the remote threshold asking for prompt logprobs is prefilled on the
+    decode worker (KV carries no logits), whole (no cache read, though turn 1 cached it),
+    and each choice's first chunk carries the prompt's logprobs, as the colocated engine's."""
+    _, _, client = whole
+    prompt = prompt_of(37, seed=9)
+    await client.generate(prompt)  # its blocks are cached now, on both workers
+    params = SamplingParams(n=2, temperature=0, max_tokens=3, ignore_eos=True,
+                            prompt_logprobs=3)
+    res = await client.generate(prompt, params)
+    assert not res.fin.timings.remote_prefill and res.fin.usage.cached_tokens == 0
+    ref = colocated.generate([prompt], params)[0].prompt_logprobs[1:]
+    for index in (0, 1):
+        first = next(c for c in res.chunks if c.index == index)
+        got = list(first.prompt_logprobs)
+        assert [lp.token_id for lp in got] == prompt[1:]
+        assert [lp.logprob for lp in got] == pytest.approx([r.logprob for r in ref], abs=1e-4)
+        assert [lp.rank for lp in got] == [r.rank for r in ref]
+        assert [[t.token_id for t in lp.top] for lp in got] == [list(r.top) for r in ref]
+    assert all(not c.prompt_logprobs for c in res.chunks if c is not res.chunks[0]
+               and c.index == 0)

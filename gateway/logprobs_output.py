@@ -1,0 +1,72 @@
+"""Logprobs in the OpenAI shapes, from the decode worker's TokenLogprobs messages.
+
+    chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}
+    completions  {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (the legacy
+                 shape): each top_logprobs entry holds the chosen token and the k most
+                 likely ones (up to k + 1 keys, OpenAI's rule and vLLM's); with `echo` the
+                 prompt's tokens come first, the first of them with null logprob and top
+    prompt_logprobs  vLLM's extension: [null, {"<token id>": {"logprob", "rank",
+                 "decoded_token"}, ...}, ...], one entry per prompt token, each with the
+                 prompt token and its top k
+
+A logprob of -inf is written -9999.0 (JSON has no infinity; vLLM's value).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+TokenText = Callable[[int], str]
+NEG_INF = -9999.0
+
+
+def _finite(x: float) -> float:
+    return max(x, NEG_INF)
+
+
+def chat_logprobs(lps: Sequence, token_text: TokenText) -> dict:
+    """Chat's `logprobs` of some output tokens (TokenLogprobs messages)."""
+    return {"content": [_chat_entry(lp, token_text) for lp in lps]}
+
+
+def _chat_entry(lp, token_text: TokenText) -> dict:
+    text = token_text(lp.token_id)
+    return {"token": text, "logprob": _finite(lp.logprob), "bytes": list(text.encode()),
+            "top_logprobs": [{"token": (t := token_text(x.token_id)),
+                              "logprob": _finite(x.logprob), "bytes": list(t.encode())}
+                             for x in lp.top]}
+
+
+def completion_logprobs(lps: Sequence, token_text: TokenText, offset: int = 0,
+                        head: int | None = None) -> dict:
+    """Completions' legacy `logprobs` of some tokens (TokenLogprobs messages); text offsets
+    from `offset` on. head: an echoed prompt's first token id, which has no logprob (its
+    entry comes first, with nulls)."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    if head is not None:
+        tokens.append(token_text(head))
+        token_logprobs.append(None)
+        tops.append(None)
+    for lp in lps:
+        tokens.append(token_text(lp.token_id))
+        token_logprobs.append(_finite(lp.logprob))
+        top = {tokens[-1]: token_logprobs[-1]}
+        top.update((token_text(t.token_id), _finite(t.logprob)) for t in lp.top)
+        tops.append(top)
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def prompt_logprobs_field(lps: Sequence, token_text: TokenText) -> list:
+    """vLLM's `prompt_logprobs` of a prompt whose tokens after the first are `lps`."""
+    out: list = [None]
+    for lp in lps:
+        entry = {str(lp.token_id): {"logprob": _finite(lp.logprob), "rank": lp.rank or None,
+                                    "decoded_token": token_text(lp.token_id)}}
+        for rank, t in enumerate(lp.top, start=1):
+            entry.setdefault(str(t.token_id), {"logprob": _finite(t.logprob), "rank": rank,
+                                               "decoded_token": token_text(t.token_id)})
+        out.append(entry)
+    return out
