@@ -4,7 +4,8 @@ Each front translates its own sampling fields into a `common_pb2.SamplingParams`
 workers' typed message); once the prompt is tokenized, `finished_params` checks what depends
 on it or on the served model, as the workers will, and names the front's own field:
 
-    context   prompt + max_tokens must fit max_model_len; unset max_tokens = the room left
+    context   the prompt must leave room in max_model_len; max_tokens is cut to the room
+              left (unset: all of it), one past max_model_len is refused (vLLM's rules)
     stop      at most MAX_STOP non-empty strings
     min_tokens <= max_tokens
     logit_bias token ids in the vocabulary, each once, values in [-100, 100]
@@ -42,18 +43,10 @@ def finished_params(wire: common_pb2.SamplingParams, prompt_len: int, max_model_
                     ) -> common_pb2.SamplingParams:
     """A copy of `wire` with max_tokens set, after the checks of the module docstring;
     RequestError naming the front's field."""
-    room = max_model_len - prompt_len
-    requested = wire.max_tokens if wire.HasField("max_tokens") else None
-    if room < 1 or (requested is not None and requested > room):
-        want = f"{prompt_len} prompt tokens" + (f" + {requested} {names.max_tokens}"
-                                                if requested else "")
-        raise RequestError(f"This model's maximum context length is {max_model_len} tokens; "
-                           f"the request needs {want}.",
-                           names.max_tokens if room >= 1 else names.prompt)
+    max_tokens = _max_tokens(wire, prompt_len, max_model_len, names)
     if len(wire.stop) > MAX_STOP or any(not s for s in wire.stop):
         raise RequestError(f"{names.stop} must hold at most {MAX_STOP} non-empty strings",
                            names.stop)
-    max_tokens = requested if requested is not None else room
     if wire.min_tokens > max_tokens:
         raise RequestError("min_tokens must be <= max_tokens", "min_tokens")
     check_logit_bias(wire.logit_bias, vocab_size, names.logit_bias)
@@ -67,6 +60,26 @@ def finished_params(wire: common_pb2.SamplingParams, prompt_len: int, max_model_
     except ValueError as e:
         raise RequestError(str(e)) from e
     return out
+
+
+def _max_tokens(wire: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,
+                names: FieldNames) -> int:
+    """The room left after the prompt, or the request's max_tokens when smaller (vLLM's
+    rule: a max_tokens past the room is cut to it, not refused; one past max_model_len is
+    refused). RequestError naming the prompt when it leaves no room, in vLLM's words."""
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise RequestError(f"This model's maximum context length is {max_model_len} tokens. "
+                           f"However, your prompt contains {prompt_len} input tokens, which "
+                           f"leaves no room for any output tokens. Please reduce the length "
+                           f"of the input prompt.", names.prompt)
+    if not wire.HasField("max_tokens"):
+        return room
+    if wire.max_tokens > max_model_len:
+        raise RequestError(f"{names.max_tokens}={wire.max_tokens} cannot be greater than "
+                           f"max_model_len={max_model_len}. Please request fewer output "
+                           f"tokens.", names.max_tokens)
+    return min(wire.max_tokens, room)
 
 
 def check_logit_bias(bias, vocab_size: int, param: str = "logit_bias") -> None:

@@ -66,3 +66,30 @@ async def test_top_logprobs_without_logprobs_is_a_400(gateway, fake):
     for fields in ({"top_logprobs": 0}, {"logprobs": True, "top_logprobs": 2}):
         r = await post(gateway, "/v1/chat/completions", {**CHAT, **fields})
         assert r.status_code == 200, (fields, r.text)
+
+
+async def test_max_tokens_past_the_room_left_is_cut_to_it(gateway, fake):
+    """A prompt of p tokens with max_tokens past 1024 - p was a 400; vLLM cuts max_tokens to
+    the room left and answers. max_tokens past the whole context stays a 400 naming it, and
+    a prompt that leaves no room a 400 naming the prompt, both in vLLM's words."""
+    prompt = [7] * 1000
+    r = await post(gateway, "/v1/completions", {**COMPLETION, "prompt": prompt,
+                                                "max_tokens": 500})
+    assert r.status_code == 200, r.text
+    assert fake.servicer.requests[-1].sampling_params.max_tokens == 24
+    r = await post(gateway, "/v1/completions", {**COMPLETION, "prompt": prompt,
+                                                "max_tokens": 20})
+    assert fake.servicer.requests[-1].sampling_params.max_tokens == 20
+    sent = len(fake.servicer.requests)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, "max_tokens": 1025})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert error["message"].startswith("max_tokens=1025 cannot be greater than max_model_len")
+    r = await post(gateway, "/v1/completions", {**COMPLETION, "prompt": [7] * 1024})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"].startswith("This model's maximum context length is 1024 tokens. "
+                                       "However, your prompt contains 1024 input tokens")
+    assert len(fake.servicer.requests) == sent
