@@ -77,7 +77,8 @@ class SessionSources:
 class RequestView:
     """The body fields the event loop reads once the request is prepared; echo: each prompt's
     text, put before its choices' (completions' `echo`; echo_only: nothing else);
-    prompt_logprobs: answer vLLM's `prompt_logprobs` field."""
+    prompt_logprobs: answer vLLM's `prompt_logprobs` field; continuous_usage: usage on every
+    chunk of a stream (vLLM's stream_options.continuous_usage_stats, with include_usage)."""
 
     model: str
     n: int
@@ -87,6 +88,7 @@ class RequestView:
     echo: tuple[str, ...] | None = None
     echo_only: bool = False
     prompt_logprobs: bool = False
+    continuous_usage: bool = False
 
 
 @dataclass(frozen=True)

@@ -157,11 +157,12 @@ class Routes:
         headers = self.relay.headers(prepared, self.prompts.tools_ignored)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         spec = OutputSpec(kind, rid, view.model, int(time.time()), view.n,
-                          sum(len(p.prompt_token_ids) for p in prepared.prompts),
+                          tuple(len(p.prompt_token_ids) for p in prepared.prompts),
                           view.num_logprobs, prepared.tool_parser, view.include_usage,
                           num_prompts=len(prepared.prompts), echo=view.echo,
                           echo_only=view.echo_only, prompt_logprobs=view.prompt_logprobs,
-                          prompt_heads=tuple(p.prompt_token_ids[0] for p in prepared.prompts))
+                          prompt_heads=tuple(p.prompt_token_ids[0] for p in prepared.prompts),
+                          continuous_usage=view.continuous_usage)
         presenter = OpenAIPresenter(spec, self.prompts.token_text)
         return await self.relay.respond(request, prepared, rid, presenter, headers)
 

@@ -38,9 +38,8 @@ KNOWN_HARMLESS = frozenset({
 # Known fields ignored only at the value that describes what Baton does anyway; any other
 # value is listed as ignored.
 IGNORED_AT_DEFAULT: dict[str, object] = {
-    "parallel_tool_calls": True,                   # every parsed call is returned
-    "best_of": 1,                                  # no server-side best-of
-    "stream_options.continuous_usage_stats": False,  # vLLM's: usage comes only at the end
+    "parallel_tool_calls": True,  # every parsed call is returned
+    "best_of": 1,                 # no server-side best-of
 }
 
 # What a header value may carry of a client's field name (no commas, no control bytes).

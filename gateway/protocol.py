@@ -92,6 +92,8 @@ class Request(_Body):
 
 class StreamOptions(Request):
     include_usage: bool = False
+    # vLLM's: usage on every chunk too (only with include_usage, as vLLM reads it)
+    continuous_usage_stats: bool = False
 
 
 class _Generation(Request):
@@ -196,7 +198,9 @@ class _Generation(Request):
     def view(self) -> RequestView:
         """The fields the event loop reads once the request is prepared."""
         return RequestView(self.model, self.n, self.stream, self.include_usage,
-                           self.num_logprobs, prompt_logprobs=self.prompt_logprobs is not None)
+                           self.num_logprobs, prompt_logprobs=self.prompt_logprobs is not None,
+                           continuous_usage=self.include_usage and bool(
+                               self.stream_options.continuous_usage_stats))
 
 
 class ChatCompletionRequest(_Generation):

@@ -31,18 +31,19 @@ TokenText = Callable[[int], str]
 class OutputSpec:
     """How to present one request's output. kind: "chat" or "completion". A request with
     several prompts (gateway/batch.py) has n choices per prompt, choice index
-    prompt_i * n + j, and prompt_len the sum of the prompts' lengths. tool_parser: the
+    prompt_i * n + j; prompt_lens: each prompt's length. tool_parser: the
     parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None. echo:
     each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0).
     prompt_heads: each prompt's first token id (echoed logprobs start with it);
-    prompt_logprobs: add vLLM's `prompt_logprobs` field."""
+    prompt_logprobs: add vLLM's `prompt_logprobs` field; continuous_usage: a stream's every
+    chunk carries its choice's usage so far (vLLM's stream_options.continuous_usage_stats)."""
 
     kind: str
     response_id: str
     model: str
     created: int
     n: int
-    prompt_len: int
+    prompt_lens: tuple[int, ...]
     num_logprobs: int | None = None
     tool_parser: str | None = None
     include_usage: bool = False
@@ -51,6 +52,7 @@ class OutputSpec:
     echo_only: bool = False
     prompt_heads: tuple[int, ...] = ()
     prompt_logprobs: bool = False
+    continuous_usage: bool = False
 
     @property
     def echo_logprobs(self) -> bool:
@@ -64,6 +66,14 @@ class OutputSpec:
     @property
     def num_choices(self) -> int:
         return self.n * self.num_prompts
+
+    def running_usage(self, c: Choice) -> dict | None:
+        """Choice c's usage so far, for a chunk of it (None: not asked)."""
+        if not self.continuous_usage:
+            return None
+        prompt = self.prompt_lens[c.index // self.n]
+        return {"prompt_tokens": prompt, "completion_tokens": c.num_tokens,
+                "total_tokens": prompt + c.num_tokens}
 
     def choices(self) -> list[Choice]:
         """Every choice, each holding its prompt's text when it is echoed."""
@@ -94,7 +104,7 @@ def usage_dict(spec: OutputSpec, usages: dict[int, common_pb2.Usage], counted: i
     source: decode_pool, prefill_pool, host_tier, disk_tier, store; they sum to cached_tokens)
     and `baton_recomputed_held_tokens` (prompt tokens computed although a worker held them).
     """
-    prompt = sum(u.prompt_tokens for u in usages.values()) or spec.prompt_len
+    prompt = sum(u.prompt_tokens for u in usages.values()) or sum(spec.prompt_lens)
     completion = sum(u.completion_tokens for u in usages.values()) or counted
     by = dict.fromkeys(SOURCES.values(), 0)
     for u in usages.values():
@@ -171,7 +181,8 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
     chunk = _ChunkWriter(spec)
     if spec.chat:  # the role chunk goes out with the first token, in one write
         chunk.pending = chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None} for c in choices])
+                                "logprobs": None, "finish_reason": None} for c in choices],
+                              spec.running_usage(choices[0]))
     usages: dict[int, common_pb2.Usage] = {}
     left = spec.num_choices
     async for msg in messages:
@@ -187,7 +198,8 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
             c.text.append(t.text_delta)
             c.num_tokens += len(t.token_ids)
             if text or lps or calls:
-                yield chunk([_delta(spec, c, text, calls, len(c.tool_calls), lps, None)])
+                yield chunk([_delta(spec, c, text, calls, len(c.tool_calls), lps, None)],
+                            spec.running_usage(c))
             c.tool_calls += calls
             continue
         f = msg.finished
@@ -201,7 +213,8 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
         base = len(c.tool_calls)
         c.tool_calls += calls
         c.finish(f)
-        yield chunk([_delta(spec, c, text, calls, base, None, c.finish_reason)])
+        yield chunk([_delta(spec, c, text, calls, base, None, c.finish_reason)],
+                    spec.running_usage(c))
         usages[f.index // spec.n] = f.usage
         left -= 1
         if left == 0:
