@@ -79,7 +79,7 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
         field_errors(body.wire_params), body.view(), tools=body.tool_specs(),
         tool_choice=field_errors(body.tool_choice_spec),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),
-        ignored=_ignored(body))
+        ignored=_ignored(body), names=body.field_names())
     return prepare(ctx, front, routing)
 
 

@@ -19,7 +19,7 @@ from baton.sampling_params import MAX_LOGPROBS
 from gateway import structured
 from gateway.errors import RequestError
 from gateway.front_door import OutputFormat, RequestView, SessionSources, ToolChoice, ToolSpec
-from gateway.sampling import logit_bias_entries
+from gateway.sampling import FieldNames, logit_bias_entries
 from gateway.structured import SCHEMA_PARAM
 from protos import common_pb2
 
@@ -225,6 +225,11 @@ class ChatCompletionRequest(_Generation):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
+
+    def field_names(self) -> FieldNames:
+        """Errors about the output's length name the field the client used."""
+        return FieldNames(max_tokens="max_completion_tokens"
+                          if self.max_completion_tokens is not None else "max_tokens")
 
     @property
     def num_logprobs(self) -> int | None:

@@ -86,6 +86,11 @@ async def test_max_tokens_past_the_room_left_is_cut_to_it(gateway, fake):
     error = r.json()["error"]
     assert error["param"] == "max_tokens"
     assert error["message"].startswith("max_tokens=1025 cannot be greater than max_model_len")
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, "max_completion_tokens": 1025})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]  # the field the client sent is named, as vLLM does
+    assert error["param"] == "max_completion_tokens"
+    assert error["message"].startswith("max_completion_tokens=1025 cannot be greater")
     r = await post(gateway, "/v1/completions", {**COMPLETION, "prompt": [7] * 1024})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
