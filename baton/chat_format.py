@@ -18,7 +18,11 @@ clients send shapes they do not expect:
 - role "developer" (OpenAI's name for the system prompt since o1; the Agents SDK and Codex
   send it) becomes "system" unless the template itself names the role: Llama, Mistral, Qwen
   and SmolLM2 templates do not, and would render an unknown role (or fail) beside their
-  default system prompt, as the Responses API's items already map it.
+  default system prompt, as the Responses API's items already map it;
+- OpenAI's legacy function calling (still in its spec, sent by older clients and agent
+  frameworks): an assistant's `function_call` becomes its one tool call and a "function"
+  message (the call's result) a "tool" message, so templates render them as the tool turns
+  they are.
 Nothing here imports torch or the gateway.
 """
 from __future__ import annotations
@@ -95,13 +99,18 @@ def knows_developer_role(template: Any) -> bool:
 
 def normalize_message(message: dict[str, Any], developer_as_system: bool = True
                       ) -> dict[str, Any]:
-    """One OpenAI chat message → the plain shape chat templates expect (see the docstring);
-    `developer_as_system`: a "developer" message becomes a "system" one."""
-    out = {k: v for k, v in message.items() if v is not None and k != "content"}
+    """One OpenAI chat message → the plain shape chat templates expect (see the docstring:
+    content, tool calls, legacy function calling); `developer_as_system`: a "developer"
+    message becomes a "system" one."""
+    out = {k: v for k, v in message.items()
+           if v is not None and k not in ("content", "function_call")}
     if developer_as_system and out.get("role") == "developer":
         out["role"] = "system"
+    if out.get("role") == "function":
+        out["role"] = "tool"
     out["content"] = message_text(message.get("content"))
-    calls = message.get("tool_calls")
+    legacy = message.get("function_call")
+    calls = message.get("tool_calls") or ([{"function": legacy}] if legacy else None)
     if calls:
         out["tool_calls"] = [_normalize_tool_call(c) for c in calls]
     return out

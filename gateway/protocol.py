@@ -52,11 +52,13 @@ class ContentPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function" and function_call: OpenAI's legacy function calling (baton/chat_format.py)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
 
 
 class FunctionDefinition(_Body):

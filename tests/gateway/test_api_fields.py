@@ -254,3 +254,24 @@ def test_ignored_header_keeps_client_names_out_of_harms_way():
     assert ignored_header(["a", "b\r\nSet-Cookie: x", "c,d"]) == {HEADER: "a,..."}
     names = [f"f{i:02d}" for i in range(40)]
     assert ignored_header(names)[HEADER].split(",") == names[:32] + ["..."]
+
+
+# ---- legacy function calling ---------------------------------------------------------------
+async def test_legacy_function_messages_are_accepted_as_tool_turns(gateway, fake):
+    """role "function" was a 400 and an assistant's function_call was dropped; vLLM and
+    OpenAI accept both. The worker gets the prompt of the same history in tool shapes."""
+    ask = {"role": "user", "content": "Weather in Paris?"}
+    args = '{"city": "Paris"}'
+    legacy = [ask, {"role": "assistant", "content": None,
+                    "function_call": {"name": "get_weather", "arguments": args}},
+              {"role": "function", "name": "get_weather", "content": "18 C"}]
+    tools = [ask, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+              {"role": "tool", "name": "get_weather", "content": "18 C"}]
+    sent = []
+    for messages in (legacy, tools):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "messages": messages})
+        assert r.status_code == 200, r.text
+        sent.append(list(fake.servicer.requests[-1].prompt_token_ids))
+    assert sent[0] == sent[1]
+    assert "18 C" in gateway.prompts.tokenizer.decode(sent[0])

@@ -77,6 +77,23 @@ def test_null_content_renders_through_a_smollm_style_template(prompts):
     assert "Weather in Paris?" in text
 
 
+def test_legacy_function_calling_renders_as_tool_turns(prompts):
+    """OpenAI's legacy shapes (an assistant's function_call, a "function" result message)
+    were a 400 (role) or dropped (function_call); vLLM and OpenAI accept them. They render
+    as the tool call and tool result they are."""
+    legacy = HISTORY[:2] + [
+        {"role": "assistant", "content": None, "function_call": {
+            "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"role": "function", "name": "get_weather", "content": "18 C"}]
+    m = normalize_message(legacy[2])
+    assert m["tool_calls"] == [{"type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}] and "function_call" not in m
+    assert normalize_message(legacy[3]) == {"role": "tool", "name": "get_weather",
+                                             "content": "18 C"}
+    p = with_template(prompts, QWEN_LIKE)
+    assert p.chat_token_ids(legacy, TOOLS) == p.chat_token_ids(HISTORY, TOOLS)
+
+
 def test_turns_extend_each_other(prompts):
     """Turn k's rendered prompt is a prefix of turn k+1's (what makes prefix caching hit)."""
     short = prompts.chat_token_ids(HISTORY[:2], add_generation_prompt=False)
