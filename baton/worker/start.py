@@ -96,6 +96,7 @@ async def start_worker(role: str, service_name: str, config: RoleConfig,
     if config.server.cpu_share is not None:
         path, _, slot = config.server.cpu_share.rpartition(":")
         ae.cpu_share = CpuShare(path, int(slot))
+        ae.cpu_share.start_host_load()
     ae.start()
     layout = kv_layout(served_model_name(config.engine, config.served_model_name),
                        engine.kv_cache)
