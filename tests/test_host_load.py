@@ -2,7 +2,12 @@
 import os
 
 from baton.worker.cpu_share import CpuShare, create_share_file
-from baton.worker.host_load import HostLoad, host_busy_seconds, process_cpu_seconds
+from baton.worker.host_load import (
+    HostLoad,
+    affinity_busy_seconds,
+    host_busy_seconds,
+    process_cpu_seconds,
+)
 
 
 class Fake:
@@ -65,8 +70,11 @@ def test_the_real_readers(tmp_path):
     stat.write_text("cpu  100 20 30 4000 50 6 7 800 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
     tick = os.sysconf("SC_CLK_TCK")
     assert host_busy_seconds(str(stat)) == (100 + 20 + 30 + 6 + 7) / tick  # no idle/iowait/steal
+    assert host_busy_seconds(str(stat), cpus=[0]) == (1 + 2 + 3 + 6 + 7) / tick
+    assert host_busy_seconds(str(stat), cpus=[5]) is None  # a core the file does not list
     assert host_busy_seconds(str(tmp_path / "missing")) is None
     assert host_busy_seconds() is not None  # this Linux host's
+    assert affinity_busy_seconds() is not None
     sum(i * i for i in range(200_000))  # spend a little CPU
     mine = process_cpu_seconds([os.getpid(), 2**22 + 12345])
     assert list(mine) == [os.getpid()] and mine[os.getpid()] > 0

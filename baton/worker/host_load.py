@@ -11,8 +11,9 @@ at 1 (BENCHMARKS.md, seventh pass). So a worker also measures the others' load:
 
     external cores = (host busy − this process − the other Baton workers) / window
 
-over a window of at least WINDOW_S (the host's busy time from /proc/stat's first line: user,
-nice, system, irq and softirq; idle, iowait and a hypervisor's steal are not busy; this
+over a window of at least WINDOW_S (the busy time of the cores this process may run on, its
+affinity, from /proc/stat's per-core lines: user, nice, system, irq and softirq; idle,
+iowait and a hypervisor's steal are not busy; this
 process's from os.times(); the other workers', whose pids cpu_share.py lists, from
 /proc/<pid>/stat, since the shared bytes already count them while they are busy), and
 `cap(cpus)` = cpus less the external cores, rounded to the nearest, at least 1. Sampled at
@@ -29,14 +30,26 @@ WINDOW_S = 0.5
 _BUSY_FIELDS = (0, 1, 2, 5, 6)  # user nice system (idle iowait) irq softirq
 
 
-def host_busy_seconds(path: str = "/proc/stat") -> float | None:
-    """CPU seconds all cores of the host spent busy since boot (None: unreadable)."""
+def host_busy_seconds(path: str = "/proc/stat", cpus=None) -> float | None:
+    """CPU seconds the host's cores `cpus` (None: all, the first line) spent busy since boot
+    (None: unreadable). A container sees the whole host's /proc/stat: its own cores are
+    the ones its affinity (cpuset) names, and other tenants' cores are none of its business."""
+    want = None if cpus is None else {f"cpu{c}".encode() for c in cpus}
     try:
         with open(path, "rb") as f:
-            fields = f.readline().split()[1:]
-        return sum(int(fields[i]) for i in _BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+            lines = [f.readline()] if want is None else \
+                [ln for ln in f if ln.split(maxsplit=1)[0] in want]
+        if not lines:
+            return None
+        busy = sum(int(ln.split()[1:][i]) for ln in lines for i in _BUSY_FIELDS)
+        return busy / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def affinity_busy_seconds() -> float | None:
+    """host_busy_seconds of the cores this process may run on (its affinity)."""
+    return host_busy_seconds(cpus=sorted(os.sched_getaffinity(0)))
 
 
 def process_cpu_seconds(pids) -> dict[int, float]:
@@ -68,7 +81,7 @@ class HostLoad:
     fakes)."""
 
     def __init__(self, window_s: float = WINDOW_S,
-                 host: Callable[[], float | None] = host_busy_seconds,
+                 host: Callable[[], float | None] = affinity_busy_seconds,
                  own: Callable[[], float] = own_cpu_seconds,
                  others: Callable[[], dict[int, float]] = dict,
                  clock: Callable[[], float] = time.monotonic) -> None:
