@@ -240,10 +240,10 @@ class Scheduler:
         if plan.reserved is None:
             plan.reserved = sum(self._blocks_to_finish(r) for r in self.running)
         try:
+            reads_cache = req.prompt_logprobs is None  # else its logits at every position
             hits, num_computed = self.kv.get_computed_blocks(
-                req.request_id, req.all_token_ids, plan.reserved) \
-                if req.prompt_logprobs is None else ([], 0)  # its logits at every position
-            if req.prompt_logprobs is None and self._inflight.defers(req, num_computed):
+                req.request_id, req.all_token_ids, plan.reserved) if reads_cache else ([], 0)
+            if reads_cache and self._inflight.defers(req, num_computed):
                 return True
             n = step.cap(req, num_computed, self._num_new_tokens(req, num_computed, plan.budget))
             if step.defers(req, num_computed, n):

@@ -7,15 +7,13 @@ decode step of SmolLM2-135M beside one process spinning on a core took 72–78 m
 156–160) at 2 threads and 55–60 ms (p90 62–63) at 1; quiet, 34–45 ms at 2 threads and 59–62
 at 1 (BENCHMARKS.md, seventh pass). So a worker also measures the others' load:
 
-    external cores = (busy jiffies of the whole host − this process's own CPU time) / window
-
     external cores = (host busy − this process − the other Baton workers) / window
 
 over a window of at least WINDOW_S (the busy time of the cores this process may run on, its
 affinity, from /proc/stat's per-core lines: user, nice, system, irq and softirq; idle,
-iowait and a hypervisor's steal are not busy; this
-process's from os.times(); the other workers', whose pids cpu_share.py lists, from
-/proc/<pid>/stat, since the shared bytes already count them while they are busy), and
+iowait and a hypervisor's steal are not busy; this process's from os.times(); the other
+workers', whose pids cpu_share.py lists, from /proc/<pid>/stat, since the shared bytes
+already count them while they are busy), and
 `cap(cpus)` = cpus less the external cores, rounded to the nearest, at least 1. Sampled at
 most once per WINDOW_S (a few small reads), so a step or a layer asks for free. Where
 /proc/stat cannot be read (not Linux) the cap is never lower than cpus.
