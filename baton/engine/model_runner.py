@@ -21,6 +21,7 @@ import torch
 
 from baton.models.decoder import AttentionMetadata, DecoderModel
 from baton.engine.cuda_graphs import DecodeGraphs
+from baton.engine.host_zeros import host_zeros
 from baton.engine.penalties import needs_token_history
 from baton.engine.prompt_logprobs import fill_prompt_logprobs
 from baton.engine.sampler import Sampler, SamplerOutput
@@ -48,8 +49,11 @@ class ModelRunner:
         self.block_size = block_size
         self.device = model.device
         s = model.shape
-        self.kv_cache = torch.zeros(num_blocks, s.num_layers, 2, block_size, s.num_kv_heads,
-                                    s.head_size, dtype=model.dtype, device=self.device)
+        shape = (num_blocks, s.num_layers, 2, block_size, s.num_kv_heads, s.head_size)
+        if torch.device(self.device).type == "cpu" and num_blocks > 0:
+            self.kv_cache = host_zeros(shape, model.dtype)  # pages committed as KV is written
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=model.dtype, device=self.device)
         self.sampler = Sampler()
         self.verifier = Verifier()  # steps with speculative rows (the engine may replace it)
         self.graphs: DecodeGraphs | None = None
