@@ -65,7 +65,8 @@ class SamplingParams:
     min_p: keep tokens whose probability is >= min_p * the most likely token's probability.
     seed: makes this request's samples reproducible whatever else is in the batch.
     max_tokens: most tokens to generate; None lets the engine go up to the context limit.
-    min_tokens: eos, `stop_token_ids` and stop strings are ignored before this many tokens.
+    min_tokens: before this many tokens eos and `stop_token_ids` cannot be sampled (their
+        logits are -inf, as in vLLM) and stop strings are ignored.
     stop: strings that end generation; the output is cut before them (a str is one stop).
     stop_token_ids: token ids that end generation (besides eos).
     ignore_eos: keep generating after eos.

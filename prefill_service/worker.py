@@ -186,7 +186,9 @@ class PrefillWorker:
         """PREFILLING: the first token; the blocks stay held. ValueError when the engine
         refuses the prompt."""
         req, rid = seq.request, seq.request_id
-        params = sampling_params_from_proto(req.sampling_params, n=1, max_tokens=1, min_tokens=0)
+        # min_tokens only matters for this first token here (eos banned when it is >= 1)
+        params = sampling_params_from_proto(req.sampling_params, n=1, max_tokens=1,
+                                            min_tokens=min(req.sampling_params.min_tokens, 1))
         q = self.ae.open_stream(rid)
         try:
             engine_req, pull = await self.ae.call(lambda eng: self._add(seq, params))

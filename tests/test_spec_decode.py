@@ -209,3 +209,16 @@ def test_kv_tiers_only_ever_see_accepted_tokens(tiny_llama):
     tier = set(kv.tier.host.index)
     assert tier and set(kv.pool.cached) | tier <= valid
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_min_tokens_bans_stop_tokens_at_drafted_positions_as_without_drafts(tiny_llama):
+    """min_tokens' ban (eos, stop_token_ids) holds at every drafted position before
+    min_tokens and at none after: outputs equal speculation off."""
+    plain = _llm(tiny_llama).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24,
+                                                              ignore_eos=True))
+    for prompt, out in zip(PROMPTS, plain):
+        stop = out.output_token_ids[2]  # the model writes it early
+        p = SamplingParams(temperature=0, max_tokens=24, min_tokens=10, stop_token_ids=[stop])
+        off, on, engine = _both(tiny_llama, [prompt], p)
+        assert on[0].output_token_ids == off[0].output_token_ids
+        assert stop not in off[0].output_token_ids[:10]

@@ -24,6 +24,7 @@ from baton.engine.cuda_graphs import DecodeGraphs
 from baton.engine.host_zeros import host_zeros
 from baton.engine.penalties import needs_token_history
 from baton.engine.prompt_logprobs import fill_prompt_logprobs
+from baton.engine.request import Request
 from baton.engine.sampler import Sampler, SamplerOutput
 from baton.engine.sched_output import ScheduledRequest
 from baton.engine.spec.verify import Verifier, VerifyRow
@@ -102,14 +103,16 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[self._to_device(torch.tensor(places))])
         return rows, self.verifier(logits, [
             VerifyRow(p, r.request.generator, history[j] if history else None, g,
-                      r.spec_token_ids)
+                      r.spec_token_ids, min_tokens_bans(r.request, 1 + len(r.spec_token_ids)))
             for j, (r, p, g) in enumerate(zip(rows, params, grammars))])
 
     def _sample(self, rows: list[ScheduledRequest], logits: torch.Tensor) -> SamplerOutput:
         """One token for each row from its logits [len(rows), vocab]."""
         params, history, grammars = _sampling_inputs(rows)
+        bans = [min_tokens_bans(r.request, 1) for r in rows]
         return self.sampler(logits, params, [r.request.generator for r in rows], history,
-                            grammars if any(g is not None for g in grammars) else None)
+                            grammars if any(g is not None for g in grammars) else None,
+                            [b[0] if b else frozenset() for b in bans] if any(bans) else None)
 
     def _graph_step(self, batch: list[ScheduledRequest]) -> torch.Tensor:
         """A decode-only step through the captured graphs → logits [len(batch), vocab]."""
@@ -175,6 +178,17 @@ def _sampling_inputs(rows: list[ScheduledRequest]):
     history = [(r.request.prompt_token_ids, r.request.output_token_ids) for r in rows] \
         if needs_token_history(params) else None
     return params, history, [r.request.grammar for r in rows]
+
+
+def min_tokens_bans(req: Request, positions: int) -> tuple[frozenset[int], ...]:
+    """The ids `req` may not sample at its next `positions` output positions (min_tokens,
+    as vLLM: eos and stop_token_ids wait until min_tokens tokens were generated); () when
+    none. A structured output's grammar decides its own end, so it bans nothing."""
+    p = req.sampling_params
+    left = p.min_tokens - len(req.output_token_ids)
+    if left <= 0 or req.grammar is not None:
+        return ()
+    return (req.eos_token_ids | frozenset(p.stop_token_ids),) * min(left, positions)
 
 
 def _is_decode(s: ScheduledRequest) -> bool:

@@ -11,6 +11,10 @@ presence penalties") and CTRL (Keskar et al. 2019, eq. 1) for the repetition pen
     frequency_penalty:   l[t] -= f * count_output(t)
     presence_penalty:    l[t] -= p * (count_output(t) > 0)
 
+min_tokens (vLLM's MinTokensLogitsProcessor): before a request has generated min_tokens
+tokens, its eos and stop_token_ids get logit -inf (`apply_bans`), so it writes on rather than
+sampling an end it would have to ignore.
+
 Only the rows with something to apply are touched (gathered, processed, written back), so
 every other row's logits are bit-for-bit unchanged. Logprobs are reported from the raw
 logits (vLLM's default `raw_logprobs`); the penalized ones decide the token.
@@ -79,3 +83,18 @@ def apply_penalties_ref(logits: Tensor, prompt_token_ids: Sequence[int],
     if presence:
         result = result - presence * (counts > 0).to(logits.dtype)
     return result
+
+
+def apply_bans(logits: Tensor, banned: Sequence[frozenset[int]] | None,
+               owned: bool = False) -> Tensor:
+    """logits [B, V] float32; banned[i]: token ids row i may not sample (min_tokens), or
+    None when no row bans any. Returns logits with those set to -inf (a copy unless `owned`
+    or nothing is banned)."""
+    rows = [i for i, b in enumerate(banned or ()) if b]
+    if not rows:
+        return logits
+    out = logits if owned else logits.clone()
+    for i in rows:
+        ids = torch.tensor(sorted(banned[i]), dtype=torch.int64, device=logits.device)
+        out[i].index_fill_(0, ids[ids < out.shape[1]], float("-inf"))
+    return out

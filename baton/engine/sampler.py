@@ -1,6 +1,7 @@
 """Turns one step's logits into next tokens, one row per running sequence.
 
-Per row: logit bias and penalties (penalties.py, only for rows that ask), the grammar's mask
+Per row: logit bias and penalties (penalties.py, only for rows that ask), the ids min_tokens
+still bans (eos, stop_token_ids: -inf), the grammar's mask
 (grammar.py, only for rows with a structured output), temperature, then
 top-k, top-p and min-p filtering, then one draw, all vectorized over the batch with the
 per-row parameters held as tensors. Greedy rows take the argmax.
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor
 
 from baton.engine.grammar import GrammarMatcher, apply_grammar_masks
-from baton.engine.penalties import apply_logit_processing
+from baton.engine.penalties import apply_bans, apply_logit_processing
 from baton.outputs import TokenLogprob
 from baton.sampling_params import SamplingParams
 from kernels import cpu_sample
@@ -63,19 +64,22 @@ class Sampler:
     def __call__(self, logits: Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
                  history: list[tuple[list[int], list[int]]] | None = None,
-                 grammars: list[GrammarMatcher | None] | None = None) -> SamplerOutput:
+                 grammars: list[GrammarMatcher | None] | None = None,
+                 banned: list[frozenset[int]] | None = None) -> SamplerOutput:
         """logits: [B, V] float32 (raw, before temperature); params, generators: length B;
         history: per row (prompt ids, output ids), needed when a row has penalties
         (`penalties.needs_token_history`); grammars: per row (None = unconstrained), or None
-        when no row is constrained. Logprobs and ranks come from the raw logits."""
+        when no row is constrained; banned: per row the ids it may not sample (min_tokens),
+        or None. Logprobs and ranks come from the raw logits."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators), (
             f"logits {tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
-        if _native_greedy(logits, params, grammars):
+        if _native_greedy(logits, params, grammars) and not any(banned or ()):
             ids, lse = cpu_sample.greedy_lse(logits)
             chosen = logits.gather(1, ids[:, None]).squeeze(1).float()
             return SamplerOutput(ids, chosen - lse, None)
         logits = logits.float()
         processed = apply_logit_processing(logits, params, history)
+        processed = apply_bans(processed, banned, owned=processed is not logits)
         processed = apply_grammar_masks(processed, grammars, owned=processed is not logits)
         greedy = [p.is_greedy for p in params]
         token_ids = processed.argmax(dim=-1)

@@ -177,6 +177,19 @@ async def test_penalties_and_logit_bias_apply_on_prefill_and_decode(whole, coloc
     assert res.output != (await client.generate(prompt, GREEDY)).output
 
 
+async def test_min_tokens_bans_eos_on_the_remote_prefill_too(whole, colocated):
+    """The remote prefill samples the first token: with min_tokens it may not be eos
+    (vLLM's min_tokens), however much the model wants to end."""
+    _, _, client = whole
+    eos = min(colocated.engine.eos_token_ids)
+    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=3, logit_bias={eos: 100.0})
+    prompt = prompt_of(37, seed=7)
+    res = await client.generate(prompt, params)
+    assert res.fin.timings.remote_prefill and res.output[3:] == [eos]
+    assert eos not in res.output[:3]
+    assert res.output == colocated.generate([prompt], params)[0].output_token_ids
+
+
 async def test_prefill_modes(whole, model):
     prefill, _, client = whole
     short, long = prompt_of(12, seed=5), prompt_of(40, seed=6)

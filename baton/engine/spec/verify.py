@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from baton.engine.grammar import GrammarMatcher, apply_grammar_masks, masks_along
-from baton.engine.penalties import apply_logit_processing, needs_token_history
+from baton.engine.penalties import apply_bans, apply_logit_processing, needs_token_history
 from baton.engine.sampler import SamplerOutput, sampling_probs, seeded_draw, token_logprobs
 from baton.sampling_params import SamplingParams
 
@@ -42,13 +42,14 @@ from baton.sampling_params import SamplingParams
 class VerifyRow(NamedTuple):
     """One sampled row of a step: its params, generator (seeded requests), history (prompt
     ids, output ids: needed when some row has penalties), grammar matcher and drafts (() for
-    a row without: one position)."""
+    a row without: one position), and the ids min_tokens bans at its first positions."""
 
     params: SamplingParams
     generator: torch.Generator | None
     history: tuple[list[int], list[int]] | None
     grammar: GrammarMatcher | None
     drafts: tuple[int, ...]
+    banned: tuple[frozenset[int], ...] = ()  # per leading position: ids min_tokens bans
 
 
 class Verifier:
@@ -67,6 +68,9 @@ class Verifier:
         logits = logits.float()
         params, history, grammars = _positions(rows, logits.shape[1])
         processed = apply_logit_processing(logits, params, history)
+        banned = [b for r in rows for b in r.banned + (frozenset(),) * (
+            1 + len(r.drafts) - len(r.banned))] if any(r.banned for r in rows) else None
+        processed = apply_bans(processed, banned, owned=processed is not logits)
         processed = apply_grammar_masks(processed, grammars, owned=processed is not logits)
         greedy = [p.is_greedy for p in params]
         best = processed.argmax(dim=-1).tolist()
