@@ -71,11 +71,12 @@ class ResponsesPresenter:
                 "status": status, "model": self.model, "output": output, "usage": usage_,
                 "error": error, "incomplete_details":
                     {"reason": "max_output_tokens"} if incomplete else None,
-                "tool_choice": e.tool_choice, "tools": [], "parallel_tool_calls": True,
+                "instructions": e.instructions, "tool_choice": e.tool_choice,
+                "tools": list(e.tools), "parallel_tool_calls": e.parallel_tool_calls,
                 "temperature": e.temperature, "top_p": e.top_p,
                 "max_output_tokens": e.max_output_tokens,
-                "text": {"format": {"type": e.text_format}}, "store": False,
-                "previous_response_id": None, "metadata": {}}
+                "text": {"format": e.text_format}, "store": False,
+                "previous_response_id": None, "metadata": e.metadata or {}}
 
     async def collect(self, messages: AsyncIterator) -> dict:
         """The `response` object (GatewayError when the worker failed the request)."""

@@ -110,13 +110,17 @@ class ResponsesRequest(_Part):
 
 @dataclass(frozen=True)
 class Echo:
-    """Request fields a Response object repeats (the small ones)."""
+    """Request fields a Response object repeats, as OpenAI's does (clients read them back)."""
 
     tool_choice: Any
     temperature: float
     top_p: float
     max_output_tokens: int | None
-    text_format: str
+    text_format: dict[str, Any]
+    tools: tuple[dict[str, Any], ...] = ()
+    instructions: str | None = None
+    metadata: dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 def prepare_responses(ctx: PrepContext, raw: bytes, routing: Routing
@@ -143,7 +147,11 @@ def prepare_responses(ctx: PrepContext, raw: bytes, routing: Routing
         sessions=SessionSources(body=(body.prompt_cache_key, body.user)),
         ignored=tuple(ignored_fields(body)), names=_NAMES)
     echo = Echo(body.tool_choice or "auto", params.temperature, params.top_p,
-                body.max_output_tokens, fmt.type if fmt else "text")
+                body.max_output_tokens,
+                fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"},
+                tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
+                body.instructions, body.metadata,
+                body.parallel_tool_calls is not False)
     return prepare(ctx, front, routing), echo
 
 

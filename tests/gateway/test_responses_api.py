@@ -133,3 +133,26 @@ async def test_codex_session_headers_and_prompt_cache_key(gw, client, fake):
         r = await c.post("/v1/responses", json={"model": MODEL, "input": "Hi",
                                                  "reasoning": {"effort": "low"}})
     assert r.headers["x-baton-ignored-fields"] == "reasoning"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_response_repeats_the_requests_tools_and_settings(client, stream):
+    """As OpenAI (and vLLM) do, a Response repeats the request's tools, instructions,
+    metadata, parallel_tool_calls and text format (clients read them back from it)."""
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    kwargs = dict(model=MODEL, input="Hi", tools=TOOLS, instructions="Be brief.",
+                  metadata={"run": "7"}, parallel_tool_calls=False, text={"format": fmt})
+    if stream:
+        async with client.responses.stream(**kwargs) as s:
+            created = [e.response async for e in s if e.type == "response.created"][0]
+            r = await s.get_final_response()
+        assert created.tools == r.tools and created.instructions == "Be brief."
+    else:
+        r = await client.responses.create(**kwargs)
+    assert [t.model_dump(exclude_none=True) for t in r.tools] == TOOLS
+    assert r.instructions == "Be brief." and r.metadata == {"run": "7"}
+    assert r.parallel_tool_calls is False
+    assert r.text.format.model_dump(exclude_none=True, by_alias=True) == fmt
+    plain = await client.responses.create(model=MODEL, input="Hi")
+    assert plain.tools == [] and plain.instructions is None and plain.metadata == {}
+    assert plain.parallel_tool_calls is True and plain.text.format.type == "text"
