@@ -28,7 +28,7 @@ import re
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.errors import RequestError
 from gateway.front_door import (
@@ -46,6 +46,7 @@ from gateway.front_door import (
     prompt_token_count,
 )
 from gateway.ignored_fields import ignored_fields
+from gateway.nullable import drop_defaulted_nulls
 from gateway.prep_pool import PrepContext
 from gateway.prepare import parse_body
 from gateway.sampling import FieldNames
@@ -60,6 +61,11 @@ _DROPPED = ("thinking", "redacted_thinking")
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return drop_defaulted_nulls(cls, data)  # a null is the default (gateway/nullable.py)
 
 
 class Block(_Part):

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from baton.sampling_params import MAX_LOGPROBS
 from gateway import structured
 from gateway.errors import RequestError
 from gateway.front_door import OutputFormat, RequestView, SessionSources, ToolChoice, ToolSpec
+from gateway.nullable import drop_defaulted_nulls
 from gateway.sampling import FieldNames, logit_bias_entries
 from gateway.structured import SCHEMA_PARAM
 from protos import common_pb2
@@ -31,6 +32,11 @@ class _Body(BaseModel):
     # inf and NaN are no sampling value (`"temperature": 1e400` parses as inf and sampled
     # uniformly): a 400 naming the field, as for any other value out of range
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return drop_defaulted_nulls(cls, data)  # `"n": null` is n's default (gateway/nullable.py)
 
 
 class FunctionCall(_Body):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.errors import GatewayError, RequestError
 from gateway.front_door import (
@@ -42,6 +42,7 @@ from gateway.front_door import (
     prepare,
 )
 from gateway.ignored_fields import ignored_fields
+from gateway.nullable import drop_defaulted_nulls
 from gateway.prep_pool import PrepContext
 from gateway.prepare import parse_body
 from gateway.sampling import FieldNames
@@ -55,6 +56,11 @@ STATELESS = ("this server is stateless: it stores no response, so send the whole
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return drop_defaulted_nulls(cls, data)  # a null is the default (gateway/nullable.py)
 
 
 class Item(_Part):

@@ -98,3 +98,35 @@ async def test_max_tokens_past_the_room_left_is_cut_to_it(gateway, fake):
     assert error["message"].startswith("This model's maximum context length is 1024 tokens. "
                                        "However, your prompt contains 1024 input tokens")
     assert len(fake.servicer.requests) == sent
+
+
+NULLS = {"n": None, "stream": None, "logprobs": None, "ignore_eos": None, "min_tokens": None,
+         "include_stop_str_in_output": None, "skip_special_tokens": None,
+         "add_generation_prompt": None, "continue_final_message": None, "top_logprobs": None}
+
+
+async def test_a_null_field_is_its_default(gateway, fake):
+    """OpenAI's optional fields are nullable (`"n": null`, as clients that serialize every
+    field send them) and vLLM reads a null as the default; Baton answered 400 "Input should
+    be a valid integer (n)". A required field's null is still a 400 naming it."""
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **NULLS,
+                                                      "stream_options": {"include_usage": None}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"] is None and len(r.json()["choices"]) == 1
+    sp = fake.servicer.requests[-1].sampling_params
+    assert (sp.n, sp.min_tokens, sp.ignore_eos, sp.skip_special_tokens) == (1, 0, False, True)
+    r = await post(gateway, "/v1/completions", {**COMPLETION, "n": None, "echo": None,
+                                                "stream": None, "min_tokens": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello world!"
+    r = await post(gateway, "/v1/responses", {"model": MODEL, "input": "Hi", "stream": None,
+                                              "store": None})
+    assert r.status_code == 200, r.text
+    r = await post(gateway, "/v1/messages", {"model": MODEL, "max_tokens": 5, "stream": None,
+                                             "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200, r.text
+    for path, body, field in (("/v1/chat/completions", {**CHAT, "model": None}, "model"),
+                              ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
+                              ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt")):
+        r = await post(gateway, path, body)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(field), r.text
+
