@@ -18,6 +18,7 @@ API's too).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +45,10 @@ __all__ = ["Prepared", "PreparedPrompt", "RequestView", "Routing", "parse_body",
            "prepare_chat", "prepare_completion", "validation_error"]
 
 _COMPLETION_NAMES = FieldNames(prompt="prompt")
+# The member of a union field pydantic tried, in an error's loc (`prompt.str`,
+# `content.list[ContentPart]`, `tool_choice.literal[...]`, a model's class name): not a field
+# of the request, so `param` leaves it out. The APIs' field names are lower snake case.
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|[a-z-]+\[.*\]|[A-Z]\w*)$")
 
 
 def validation_error(errors: list[dict]) -> GatewayError:
@@ -53,7 +58,7 @@ def validation_error(errors: list[dict]) -> GatewayError:
         return GatewayError(400, "Request body is not valid JSON.", code="invalid_request")
     param = ""
     for part in first.get("loc", ()):
-        if part == "body":
+        if part == "body" or (isinstance(part, str) and _UNION_MEMBER.match(part)):
             continue
         param += f"[{part}]" if isinstance(part, int) else f".{part}" if param else str(part)
     message = first.get("msg", "invalid request") + (f" ({param})" if param else "")

@@ -128,5 +128,20 @@ async def test_a_null_field_is_its_default(gateway, fake):
                               ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
                               ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt")):
         r = await post(gateway, path, body)
-        assert r.status_code == 400 and r.json()["error"]["param"].startswith(field), r.text
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {**COMPLETION, "prompt": 5}, "prompt"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "stop": [1]}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": 3}, "tool_choice"),
+    ("/v1/responses", {"model": MODEL, "input": 5}, "input")])
+async def test_a_union_fields_error_names_the_field_not_pydantics_member(gateway, path, body,
+                                                                         param):
+    """`param` named pydantic's union member too ("prompt.str", "messages[0].content.str"):
+    OpenAI's (and vLLM's) name the request's field."""
+    r = await post(gateway, path, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert f"({param})" in r.json()["error"]["message"]
