@@ -119,7 +119,8 @@ def prompt_token_count(ctx: PrepContext, req: FrontRequest) -> int:
     try:
         return len(ctx.prompts.chat_token_ids(
             req.prompt.messages, tools, req.prompt.add_generation_prompt,
-            continue_final_message=req.prompt.continue_final_message))
+            continue_final_message=req.prompt.continue_final_message,
+            template_kwargs=req.prompt.template_kwargs))
     except PromptError as e:
         raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
 
@@ -178,7 +179,8 @@ def _prompts(ctx: PrepContext, req: FrontRequest, params: common_pb2.SamplingPar
         tools = [t.openai() for t in req.tools] or None
         fns = [lambda: prompts.chat_token_ids(
             req.prompt.messages, tools, req.prompt.add_generation_prompt,
-            session_id=session_id, continue_final_message=req.prompt.continue_final_message)]
+            session_id=session_id, continue_final_message=req.prompt.continue_final_message,
+            template_kwargs=req.prompt.template_kwargs)]
     else:
         # several prompts of one session would evict each other: only one is incremental
         cached_as = session_id if len(req.prompt) == 1 else ""

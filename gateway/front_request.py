@@ -54,11 +54,13 @@ class OutputFormat:
 @dataclass(frozen=True)
 class ChatPrompt:
     """OpenAI-shaped chat messages (gateway/prompts.py normalizes them for the template);
-    continue_final_message: the output continues the last (assistant) message's text."""
+    continue_final_message: the output continues the last (assistant) message's text;
+    template_kwargs: vLLM's chat_template_kwargs, more variables for the template."""
 
     messages: list[dict]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    template_kwargs: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     front = FrontRequest(
         body.model, ChatPrompt(messages, body.add_generation_prompt,
-                               body.continue_final_message),
+                               body.continue_final_message, body.chat_template_kwargs),
         field_errors(body.wire_params), body.view(), tools=body.tool_specs(),
         tool_choice=field_errors(body.tool_choice_spec),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),

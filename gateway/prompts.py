@@ -28,6 +28,13 @@ from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
 from gateway.session_tokens import SessionTokens
 
+# Arguments of apply_chat_template and variables its renderer sets: not for
+# chat_template_kwargs to override.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
 
 class PromptBuilder:
     """Tokenizer + chat template + context limit of the served model. chat_template: Jinja
@@ -69,16 +76,23 @@ class PromptBuilder:
                        tools: list[dict[str, Any]] | None = None,
                        add_generation_prompt: bool = True,
                        add_special_tokens: bool = False, session_id: str = "",
-                       continue_final_message: bool = False) -> list[int]:
+                       continue_final_message: bool = False,
+                       template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Render normalized messages through the chat template and tokenize (incrementally
         from the session's last prompt when `session_id` is set: gateway/session_tokens.py).
         continue_final_message: the last message (an assistant's) is left open, so the
-        output continues its text (transformers' option; Anthropic's prefill)."""
+        output continues its text (transformers' option; Anthropic's prefill).
+        template_kwargs: more template variables (vLLM's chat_template_kwargs); one the
+        renderer sets itself is a PromptError naming `chat_template_kwargs`."""
         if not messages:
             raise PromptError("messages must be a non-empty list", "messages")
         if continue_final_message and add_generation_prompt:
             raise PromptError("continue_final_message and add_generation_prompt cannot both "
                               "be true", "continue_final_message")
+        taken = RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs or ())
+        if taken:
+            raise PromptError(f"chat_template_kwargs may not set {sorted(taken)} (the request's "
+                              "own fields set them)", "chat_template_kwargs")
         if self.chat_template is None and self.tokenizer.chat_template is None:
             raise PromptError("the served model has no chat template; use /v1/completions",
                               "messages")
@@ -87,7 +101,8 @@ class PromptBuilder:
                 [normalize_message(m, self.developer_as_system) for m in messages],
                 tools=tools or None, chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, tokenize=False)
+                continue_final_message=continue_final_message, tokenize=False,
+                **(template_kwargs or {}))
         except RequestError:  # PromptError included: a message the template cannot take
             raise
         except Exception as e:  # jinja's TemplateError and friends: the request's fault

@@ -221,6 +221,8 @@ class ChatCompletionRequest(_Generation):
     add_generation_prompt: bool = True
     # vLLM's: the output continues the last assistant message (add_generation_prompt false).
     continue_final_message: bool = False
+    # vLLM's: more variables for the chat template (Qwen3's {"enable_thinking": false}).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
         """top_logprobs above 0 needs logprobs true (vLLM's 400; OpenAI's rule)."""

@@ -2,7 +2,7 @@
 
     POST /tokenize    {model?, prompt, add_special_tokens? (true), return_token_strs?}
                    or {model?, messages, tools?, add_generation_prompt? (true),
-                       continue_final_message? (false),
+                       continue_final_message? (false), chat_template_kwargs?,
                        add_special_tokens? (false), return_token_strs?}
                    → {"count", "max_model_len", "tokens"} (+ "token_strs" when asked)
     POST /detokenize  {model?, tokens} → {"prompt"}
@@ -18,6 +18,7 @@ is the response body.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,6 +44,7 @@ class TokenizeRequest(Body):
     tools: list[Tool] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
 
@@ -117,7 +119,8 @@ def tokenize_job(ctx: PrepContext, raw: bytes) -> Answer:
                 else None
             ids = prompts.chat_token_ids(messages, tools, body.add_generation_prompt,
                                          bool(body.add_special_tokens),
-                                         continue_final_message=body.continue_final_message)
+                                         continue_final_message=body.continue_final_message,
+                                         template_kwargs=body.chat_template_kwargs)
     except PromptError as e:
         raise GatewayError(400, str(e), param=e.param, code="invalid_request") from e
     out: dict = {"count": len(ids), "max_model_len": prompts.max_model_len, "tokens": ids}

@@ -167,3 +167,33 @@ async def test_tools_to_a_template_that_drops_them_warn(prompts, fake, caplog, m
         async with httpx.AsyncClient(base_url=gw.http_url) as c:
             r = await c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200 and "x-baton-warning" not in r.headers
+
+
+THINKING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and "
+            "not enable_thinking %} <think></think>{% endif %}{% endif %}")
+
+
+async def test_chat_template_kwargs_reach_the_template(prompts, fake):
+    """vLLM's `chat_template_kwargs` (Qwen3's `{"enable_thinking": false}`) are passed to
+    the template, on /v1/chat/completions and /tokenize; they were ignored. A key the
+    renderer sets itself is a 400 naming the field."""
+    import httpx
+
+    p = PromptBuilder(prompts.tokenizer, prompts.max_model_len, THINKING)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    off = {**chat, "chat_template_kwargs": {"enable_thinking": False}}
+    async with running_gateway(p, [fake]) as gw, \
+            httpx.AsyncClient(base_url=gw.http_url, timeout=10) as c:
+        r = await c.post("/v1/chat/completions", json=off)
+        assert r.status_code == 200 and "x-baton-ignored-fields" not in r.headers, r.text
+        sent = p.tokenizer.decode(fake.servicer.requests[-1].prompt_token_ids)
+        assert sent.endswith("assistant: <think></think>")
+        await c.post("/v1/chat/completions", json=chat)
+        assert p.tokenizer.decode(fake.servicer.requests[-1].prompt_token_ids).endswith(
+            "assistant:")
+        tokens = (await c.post("/tokenize", json=off)).json()["tokens"]
+        assert p.tokenizer.decode(tokens).endswith("assistant: <think></think>")
+        r = await c.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": {
+            "add_generation_prompt": False}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
