@@ -75,19 +75,28 @@ def resolve_chat_template(option: str | None, tokenizer_template: str | None) ->
     return (TEMPLATES_DIR / shipped).read_text()
 
 
+# OpenAI's text content parts and the key of their text: an assistant's `refusal` parts
+# are text too (vLLM reads them so).
+_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
+
+
 def message_text(content: Any) -> str:
-    """OpenAI content (None, a string, or a list of text parts) → one string (PromptError
-    naming `messages` for a part that is not text)."""
+    """OpenAI content (None, a string, or a list of text or refusal parts) → one string
+    (PromptError naming `messages` for a part that is not text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     parts = []
     for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        key = _TEXT_KEYS.get(part.get("type"))
+        if key is None:
             raise PromptError(f"content part of type {part.get('type')!r} is not supported "
                               "(text only)", "messages")
-        parts.append(part["text"])
+        if not isinstance(part.get(key), str):
+            raise PromptError(f"a {part['type']} content part needs a `{key}` string",
+                              "messages")
+        parts.append(part[key])
     return "".join(parts)
 
 

@@ -167,3 +167,15 @@ def test_tool_call_parser_edge_cases():
     assert text == '<tool_call>{"name": ' and not calls
     text, calls = feed_all(["plain text <tool"])
     assert text == "plain text <tool" and not calls
+
+
+def test_refusal_parts_are_text_and_a_text_part_needs_its_text():
+    """OpenAI's assistant content may hold `refusal` parts (a replayed refusal): vLLM reads
+    them as text; Baton answered 400 "content part of type 'refusal' is not supported". A
+    text part without `text` said "of type 'text' is not supported": now it says what is
+    missing."""
+    m = normalize_message({"role": "assistant", "content": [
+        {"type": "text", "text": "I can't "}, {"type": "refusal", "refusal": "help with that."}]})
+    assert m["content"] == "I can't help with that."
+    with pytest.raises(PromptError, match="needs a `text` string"):
+        normalize_message({"role": "user", "content": [{"type": "text"}]})
