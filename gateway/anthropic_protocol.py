@@ -55,7 +55,7 @@ from protos import common_pb2
 BILLING_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|\Z)",
                           re.IGNORECASE | re.MULTILINE)
 JOIN = "\n\n"
-_NAMES = FieldNames(stop="stop_sequences")
+_NAMES = FieldNames(stop="stop_sequences", cap_past_context=True)  # Claude Code: 32,000
 _DROPPED = ("thinking", "redacted_thinking")
 
 

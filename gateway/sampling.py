@@ -5,7 +5,9 @@ workers' typed message); once the prompt is tokenized, `finished_params` checks 
 on it or on the served model, as the workers will, and names the front's own field:
 
     context   the prompt must leave room in max_model_len; max_tokens is cut to the room
-              left (unset: all of it), one past max_model_len is refused (vLLM's rules)
+              left (unset: all of it), one past max_model_len is refused (vLLM's rules),
+              except on a front whose max_tokens is a client's own cap (Messages: Claude
+              Code sends 32,000 whatever the model), where it is cut to the room too
     stop      at most MAX_STOP non-empty strings
     min_tokens <= max_tokens
     logit_bias token ids in the vocabulary, each once, values in [-100, 100]
@@ -29,13 +31,16 @@ MAX_BIAS = 100.0
 @dataclass(frozen=True)
 class FieldNames:
     """A front's names for the fields the shared checks name in errors (Messages:
-    `stop_sequences`; Responses: `max_output_tokens`, `input`; completions: `prompt`)."""
+    `stop_sequences`; Responses: `max_output_tokens`, `input`; completions: `prompt`), and
+    `cap_past_context`: the front's max_tokens past max_model_len is cut to the room left
+    instead of refused (Messages, whose clients send their product's output cap)."""
 
     max_tokens: str = "max_tokens"
     prompt: str = "messages"
     stop: str = "stop"
     logit_bias: str = "logit_bias"
     n: str = "n"
+    cap_past_context: bool = False
 
 
 def finished_params(wire: common_pb2.SamplingParams, prompt_len: int, max_model_len: int,
@@ -66,7 +71,8 @@ def _max_tokens(wire: common_pb2.SamplingParams, prompt_len: int, max_model_len:
                 names: FieldNames) -> int:
     """The room left after the prompt, or the request's max_tokens when smaller (vLLM's
     rule: a max_tokens past the room is cut to it, not refused; one past max_model_len is
-    refused). RequestError naming the prompt when it leaves no room, in vLLM's words."""
+    refused, unless `names.cap_past_context`). RequestError naming the prompt when it
+    leaves no room, in vLLM's words."""
     room = max_model_len - prompt_len
     if room < 1:
         raise RequestError(f"This model's maximum context length is {max_model_len} tokens. "
@@ -75,7 +81,7 @@ def _max_tokens(wire: common_pb2.SamplingParams, prompt_len: int, max_model_len:
                            f"of the input prompt.", names.prompt)
     if not wire.HasField("max_tokens"):
         return room
-    if wire.max_tokens > max_model_len:
+    if wire.max_tokens > max_model_len and not names.cap_past_context:
         raise RequestError(f"{names.max_tokens}={wire.max_tokens} cannot be greater than "
                            f"max_model_len={max_model_len}. Please request fewer output "
                            f"tokens.", names.max_tokens)

@@ -262,3 +262,12 @@ async def test_claude_codes_own_request_shape_is_served(gw, fake):
     assert req.session_id == "s1"
     assert counted.status_code == 200 and \
         counted.json()["input_tokens"] == len(req.prompt_token_ids)
+
+
+async def test_a_max_tokens_past_the_context_is_cut_to_the_room_left(client, fake):
+    """Claude Code sends max_tokens 32,000 whatever the model: cut to the room the prompt
+    leaves (max_model_len 1024 here), not refused as chat's past-the-context max_tokens is."""
+    m = await client.messages.create(model=MODEL, max_tokens=32000, messages=ASK)
+    req = fake.servicer.requests[-1]
+    assert m.stop_reason == "end_turn"
+    assert req.sampling_params.max_tokens == 1024 - len(req.prompt_token_ids)
