@@ -11,7 +11,7 @@ on it or on the served model, as the workers will, and names the front's own fie
     stop      at most MAX_STOP non-empty strings
     min_tokens <= max_tokens
     logit_bias token ids in the vocabulary, each once, values in [-100, 100]
-    stop_token_ids >= 0
+    stop_token_ids in the vocabulary (vLLM refuses an id the model cannot sample)
     the rest  baton.worker.wire.sampling_params_from_proto (the workers' own validation:
               ranges, NaN, a structured output without a kind)
 """
@@ -55,8 +55,9 @@ def finished_params(wire: common_pb2.SamplingParams, prompt_len: int, max_model_
     if wire.min_tokens > max_tokens:
         raise RequestError("min_tokens must be <= max_tokens", "min_tokens")
     check_logit_bias(wire.logit_bias, vocab_size, names.logit_bias)
-    if any(t < 0 for t in wire.stop_token_ids):
-        raise RequestError("stop_token_ids must be >= 0", "stop_token_ids")
+    if any(not 0 <= t < vocab_size for t in wire.stop_token_ids):
+        raise RequestError(f"stop_token_ids must be token ids in [0, {vocab_size})",
+                           "stop_token_ids")
     out = common_pb2.SamplingParams()
     out.CopyFrom(wire)
     out.max_tokens = max_tokens

@@ -145,3 +145,17 @@ async def test_a_union_fields_error_names_the_field_not_pydantics_member(gateway
     r = await post(gateway, path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert f"({param})" in r.json()["error"]["message"]
+
+
+async def test_stop_token_ids_outside_the_vocabulary_are_a_400(gateway, fake, prompts):
+    """An id the model cannot sample was accepted and could never stop anything; vLLM
+    answers 400. Ids inside the vocabulary still reach the worker."""
+    sent, vocab = len(fake.servicer.requests), prompts.vocab_size
+    for bad in ([vocab], [-1], [2, vocab + 100]):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "stop_token_ids": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "stop_token_ids"
+    assert len(fake.servicer.requests) == sent
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, "stop_token_ids": [vocab - 1]})
+    assert r.status_code == 200, r.text
+    assert list(fake.servicer.requests[-1].sampling_params.stop_token_ids) == [vocab - 1]
