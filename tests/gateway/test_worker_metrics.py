@@ -78,3 +78,21 @@ async def test_the_gateways_metrics_carry_the_workers_vllm_series(prompts):
             await w.stop(0)
         for httpd, thread in servers:
             httpd.shutdown()
+
+
+def test_a_prefix_keeps_only_its_families_lines():
+    """GET /metrics parses only the workers' `vllm:*` lines (harnesses poll it every second)."""
+    from gateway.worker_metrics import families_of
+    text = ("# HELP vllm:a Requests.\n# TYPE vllm:a counter\nvllm:a_total{x=\"1\"} 2.0\n"
+            "# HELP baton_b B.\n# TYPE baton_b gauge\nbaton_b 1.0\n"
+            "# HELP vllm:h H.\n# TYPE vllm:h histogram\nvllm:h_bucket{le=\"+Inf\"} 3.0\n"
+            "vllm:h_count 3.0\nvllm:h_sum 1.5\n")
+    kept = families_of(text, "vllm:")
+    assert "baton_b" not in kept and kept.count("\n") == 8
+    assert families_of(text, "") == text
+
+
+def test_scrapes_share_one_tls_context():
+    """A new verified context per scrape loaded the CA bundle each time (~29 ms here)."""
+    from gateway.worker_metrics import _tls_context
+    assert _tls_context() is _tls_context()
