@@ -33,9 +33,10 @@ A child that dies during start-up ends `baton up` with status 1 and the tail of 
 `--pin split` pins workers to disjoint CPU sets (sched_setaffinity before exec), so one role
 cannot steal another's cores: disaggregated = prefill workers on the upper half of the CPUs
 this process may use, decode workers on the lower half; colocated = the CPUs dealt out over the
-workers in turn. The gateway stays unpinned. `--pin none` (default) leaves placement to the OS.
-`--pin share` leaves the workers unpinned and gives each a slot of one shared file in the log
-folder: per step a worker takes the cores the others leave idle (baton/worker/cpu_share.py).
+workers in turn. The gateway stays unpinned. `--pin none` leaves placement to the OS.
+`--pin share` (the default) leaves the workers unpinned and gives each a slot of one shared
+file in the log folder: per step a worker takes the cores the others leave idle
+(baton/worker/cpu_share.py).
 Logs: one file per child in --log-dir (a temporary folder unless given).
 """
 from __future__ import annotations
