@@ -140,10 +140,16 @@ class _Generation(Request):
 
     def check(self) -> None:
         """Checks across fields, made after parsing (RequestError naming the field)."""
-        self.check_prompt_logprobs()
+        self.check_stream_fields()
 
-    def check_prompt_logprobs(self) -> None:
-        """prompt_logprobs is not streamed (vLLM's 400)."""
+    def check_stream_fields(self) -> None:
+        """prompt_logprobs is not streamed (vLLM's 400); stream_options need a stream
+        (OpenAI's and vLLM's 400: a client asking for usage chunks of a plain response
+        would otherwise wait for chunks that never come; `{}`, like vLLM, sets nothing)."""
+        opts = self.stream_options
+        if opts is not None and not self.stream and (opts.model_fields_set or opts.model_extra):
+            raise RequestError("`stream_options` can only be defined when `stream=True`.",
+                               "stream_options")
         if self.prompt_logprobs is not None and self.stream:
             raise RequestError("`prompt_logprobs` are not available when `stream=True`.",
                                "prompt_logprobs")
@@ -226,7 +232,7 @@ class ChatCompletionRequest(_Generation):
 
     def check(self) -> None:
         """top_logprobs above 0 needs logprobs true (vLLM's 400; OpenAI's rule)."""
-        self.check_prompt_logprobs()
+        self.check_stream_fields()
         if self.top_logprobs and not self.logprobs:
             raise RequestError("when using `top_logprobs`, `logprobs` must be set to true",
                                "top_logprobs")
@@ -275,7 +281,7 @@ class CompletionRequest(_Generation):
 
     def check(self) -> None:
         """max_tokens 0 only with echo (vLLM's rule)."""
-        self.check_prompt_logprobs()
+        self.check_stream_fields()
         if self.max_tokens == 0 and not self.echo:
             raise RequestError("max_tokens must be at least 1 (0 only with echo)",
                                "max_tokens")

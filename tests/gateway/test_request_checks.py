@@ -1,5 +1,6 @@
 """Requests the gateway refuses itself, as vLLM does, with a 400 naming the field: `n` past
-the decode workers' limit (one --max-n for both), `top_logprobs` without `logprobs`."""
+the decode workers' limit (one --max-n for both), `top_logprobs` without `logprobs`,
+`stream_options` without a stream."""
 from __future__ import annotations
 
 import grpc
@@ -66,6 +67,27 @@ async def test_top_logprobs_without_logprobs_is_a_400(gateway, fake):
     for fields in ({"top_logprobs": 0}, {"logprobs": True, "top_logprobs": 2}):
         r = await post(gateway, "/v1/chat/completions", {**CHAT, **fields})
         assert r.status_code == 200, (fields, r.text)
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", CHAT),
+                                       ("/v1/completions", COMPLETION)])
+async def test_stream_options_without_stream_is_a_400(gateway, fake, path, body):
+    """They were accepted and did nothing (no usage chunk can come without a stream); OpenAI
+    and vLLM answer 400 naming the field. An empty or null stream_options sets nothing."""
+    sent = len(fake.servicer.requests)
+    for stream in ({}, {"stream": False}, {"stream": None}):
+        r = await post(gateway, path, {**body, **stream,
+                                       "stream_options": {"include_usage": True}})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "stream_options" and "stream=True" in error["message"]
+    assert len(fake.servicer.requests) == sent
+    for options in ({}, None):
+        r = await post(gateway, path, {**body, "stream_options": options})
+        assert r.status_code == 200, (options, r.text)
+    r = await post(gateway, path, {**body, "stream": True,
+                                   "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and '"usage"' in r.text
 
 
 async def test_max_tokens_past_the_room_left_is_cut_to_it(gateway, fake):
