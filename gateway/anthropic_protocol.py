@@ -198,10 +198,17 @@ def system_text(system: str | list[Block] | None) -> str:
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict]:
-    """The conversation as OpenAI chat messages (see the module docstring)."""
+    """The conversation as OpenAI chat messages (see the module docstring). RequestError:
+    a message with empty content ("" or []) other than a final assistant one (Anthropic's
+    400: it was sent to the model as an empty turn)."""
     system = system_text(body.system)
     out: list[dict] = [{"role": "system", "content": system}] if system else []
+    last = len(body.messages) - 1
     for i, m in enumerate(body.messages):
+        if not m.content and not (i == last and m.role == "assistant"):
+            raise RequestError(f"messages.{i}: all messages must have non-empty content except "
+                               "for the optional final assistant message",
+                               f"messages[{i}].content")
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         elif m.role == "user":

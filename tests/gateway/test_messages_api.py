@@ -175,6 +175,14 @@ async def test_errors_are_anthropic_exceptions(client, fake, prompts):
     with pytest.raises(anthropic.BadRequestError) as e:
         await client.messages.create(model=MODEL, max_tokens=8, messages=[])
     assert e.value.body["type"] == "error"
+    for empty in ("", []):  # Anthropic's 400; was sent to the model as an empty turn
+        for messages in ([{"role": "user", "content": empty}],
+                         [{"role": "user", "content": empty},
+                          {"role": "assistant", "content": "Hi"}]):
+            with pytest.raises(anthropic.BadRequestError) as e:
+                await client.messages.create(model=MODEL, max_tokens=8, messages=messages)
+            assert "messages.0: all messages must have non-empty content" in \
+                e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         await client.messages.count_tokens(model=MODEL, messages=[
             {"role": "user", "content": [{"type": "image", "source": {
