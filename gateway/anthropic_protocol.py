@@ -49,7 +49,7 @@ from gateway.ignored_fields import ignored_fields
 from gateway.nullable import drop_defaulted_nulls
 from gateway.prep_pool import PrepContext
 from gateway.prepare import parse_body
-from gateway.sampling import FieldNames
+from gateway.sampling import INT32_MAX, UINT32_MAX, FieldNames
 from protos import common_pb2
 
 BILLING_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|\Z)",
@@ -123,12 +123,12 @@ class CountTokensRequest(_Part):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=UINT32_MAX)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
 
@@ -199,16 +199,23 @@ def system_text(system: str | list[Block] | None) -> str:
 
 def chat_messages(body: CountTokensRequest) -> list[dict]:
     """The conversation as OpenAI chat messages (see the module docstring). RequestError:
-    a message with empty content ("" or []) other than a final assistant one (Anthropic's
-    400: it was sent to the model as an empty turn)."""
+    no messages; a message with empty content ("" or [], or a text block "") other than a
+    final assistant one (Anthropic's 400s: it was sent to the model as an empty turn)."""
     system = system_text(body.system)
     out: list[dict] = [{"role": "system", "content": system}] if system else []
+    if not body.messages:  # a system prompt alone was served; Anthropic answers 400
+        raise RequestError("messages: at least one message is required", "messages")
     last = len(body.messages) - 1
     for i, m in enumerate(body.messages):
         if not m.content and not (i == last and m.role == "assistant"):
             raise RequestError(f"messages.{i}: all messages must have non-empty content except "
                                "for the optional final assistant message",
                                f"messages[{i}].content")
+        if not isinstance(m.content, str):
+            for j, block in enumerate(m.content):
+                if block.type == "text" and block.text == "":
+                    raise RequestError("messages: text content blocks must be non-empty",
+                                       f"messages[{i}].content[{j}].text")
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         elif m.role == "user":
@@ -279,6 +286,9 @@ def _tools(tools: list[Tool]) -> tuple[ToolSpec, ...]:
         if t.type not in (None, "custom"):
             raise RequestError(f"tool type {t.type!r} is not supported (client tools with "
                                "input_schema only)", f"tools[{i}].type")
+        if t.input_schema is None:  # required by Anthropic's API (it was read as no inputs)
+            raise RequestError(f"tools.{i}.custom.input_schema: Field required",
+                               f"tools[{i}].input_schema")
     return tuple(ToolSpec(t.name, t.description, t.input_schema, f"tools[{i}].input_schema")
                  for i, t in enumerate(tools))
 

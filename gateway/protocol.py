@@ -20,7 +20,7 @@ from gateway import structured
 from gateway.errors import RequestError
 from gateway.front_door import OutputFormat, RequestView, SessionSources, ToolChoice, ToolSpec
 from gateway.nullable import drop_defaulted_nulls
-from gateway.sampling import FieldNames, logit_bias_entries
+from gateway.sampling import INT32_MAX, UINT32_MAX, FieldNames, logit_bias_entries
 from gateway.structured import SCHEMA_PARAM
 from protos import common_pb2
 
@@ -108,10 +108,10 @@ class _Generation(Request):
     """Fields both endpoints share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
+    max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # OpenAI's range, as vLLM checks
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -119,7 +119,7 @@ class _Generation(Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=UINT32_MAX)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -219,7 +219,7 @@ class _Generation(Request):
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = None
@@ -275,7 +275,7 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions
+    max_tokens: int = Field(16, ge=0, le=UINT32_MAX)  # OpenAI's default for completions (a null is it too)
     # The prompt's text before each choice's (gateway/prepare.py); with max_tokens 0 only it.
     echo: bool = False
 

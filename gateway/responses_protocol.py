@@ -45,7 +45,7 @@ from gateway.ignored_fields import ignored_fields
 from gateway.nullable import drop_defaulted_nulls
 from gateway.prep_pool import PrepContext
 from gateway.prepare import parse_body
-from gateway.sampling import FieldNames
+from gateway.sampling import UINT32_MAX, FieldNames
 from protos import common_pb2
 
 _NAMES = FieldNames(max_tokens="max_output_tokens", prompt="input")
@@ -100,7 +100,7 @@ class ResponsesRequest(_Part):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     text: TextConfig | None = None

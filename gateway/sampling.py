@@ -25,6 +25,11 @@ from gateway.errors import RequestError
 from protos import common_pb2
 
 MAX_STOP = 64
+# The largest values the workers' wire fields hold (protos/common.proto: max_tokens and
+# min_tokens uint32, top_k int32): a larger one is a 400 naming it, not a 500 when the
+# message is built.
+UINT32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
 MAX_BIAS = 100.0
 
 

@@ -183,6 +183,17 @@ async def test_errors_are_anthropic_exceptions(client, fake, prompts):
                 await client.messages.create(model=MODEL, max_tokens=8, messages=messages)
             assert "messages.0: all messages must have non-empty content" in \
                 e.value.body["error"]["message"]
+    # Anthropic's 400s, each served before: a system prompt with no message, an empty text
+    # block, a client tool without input_schema
+    for kwargs, said in (({"system": "Be nice.", "messages": []}, "at least one message"),
+                         ({"messages": [{"role": "user", "content": [
+                             {"type": "text", "text": "Hi"}, {"type": "text", "text": ""}]}]},
+                          "text content blocks must be non-empty"),
+                         ({"messages": ASK, "tools": [{"name": "x", "description": "d"}]},
+                          "tools.0.custom.input_schema: Field required")):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            await client.messages.create(model=MODEL, max_tokens=8, **kwargs)
+        assert said in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         await client.messages.count_tokens(model=MODEL, messages=[
             {"role": "user", "content": [{"type": "image", "source": {

@@ -138,8 +138,11 @@ async def test_a_null_field_is_its_default(gateway, fake):
     sp = fake.servicer.requests[-1].sampling_params
     assert (sp.n, sp.min_tokens, sp.ignore_eos, sp.skip_special_tokens) == (1, 0, False, True)
     r = await post(gateway, "/v1/completions", {**COMPLETION, "n": None, "echo": None,
-                                                "stream": None, "min_tokens": None})
+                                                "stream": None, "min_tokens": None,
+                                                "max_tokens": None})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello world!"
+    # completions' max_tokens null is OpenAI's default 16 (it was the whole context left)
+    assert fake.servicer.requests[-1].sampling_params.max_tokens == 16
     r = await post(gateway, "/v1/responses", {"model": MODEL, "input": "Hi", "stream": None,
                                               "store": None})
     assert r.status_code == 200, r.text
@@ -181,3 +184,29 @@ async def test_stop_token_ids_outside_the_vocabulary_are_a_400(gateway, fake, pr
     r = await post(gateway, "/v1/chat/completions", {**CHAT, "stop_token_ids": [vocab - 1]})
     assert r.status_code == 200, r.text
     assert list(fake.servicer.requests[-1].sampling_params.stop_token_ids) == [vocab - 1]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 2**32}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2**63}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "top_k": 2**40}, "top_k"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": 2**32}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "temperature": 3}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 2**32}, "max_tokens"),
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 2**32},
+     "max_output_tokens"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 2**32,
+                      "messages": [{"role": "user", "content": "Hi"}]}, "max_tokens"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 5, "top_k": 2**40,
+                      "messages": [{"role": "user", "content": "Hi"}]}, "top_k")])
+async def test_integers_past_the_wire_types_are_a_400_naming_the_field(gateway, fake, path,
+                                                                       body, param):
+    """max_tokens 2**32 or top_k 2**40 did not fit the workers' uint32/int32 fields: a 500
+    "internal error: ValueError" when the message was built. Now a 400 naming the field
+    (temperature past OpenAI's 0-2 too, as vLLM checks), and nothing reaches a worker."""
+    sent = len(fake.servicer.requests)
+    r = await post(gateway, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error.get("param", param) == param and param in error["message"], r.text
+    assert len(fake.servicer.requests) == sent
