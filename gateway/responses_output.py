@@ -44,7 +44,7 @@ def usage(finished, prompt_len: int, counted: int) -> dict:
 def message_item(item_id: str, text: str, status: str) -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}] if status == "completed" or text else []}
+                         "logprobs": []}] if status != "in_progress" or text else []}
 
 
 def call_item(call: ParsedToolCall, status: str = "completed") -> dict:
@@ -81,9 +81,10 @@ class ResponsesPresenter:
     async def collect(self, messages: AsyncIterator) -> dict:
         """The `response` object (GatewayError when the worker failed the request)."""
         content, calls, f, counted = await whole(messages, self.tool_parser)
-        output = ([message_item(f"msg_{uuid.uuid4().hex}", content, "completed")]
-                  if content.strip() or not calls else []) + [call_item(c) for c in calls]
         incomplete = f.finish_reason == common_pb2.FINISH_REASON_LENGTH
+        output = ([message_item(f"msg_{uuid.uuid4().hex}", content,
+                                "incomplete" if incomplete else "completed")]
+                  if content.strip() or not calls else []) + [call_item(c) for c in calls]
         return self.response("incomplete" if incomplete else "completed", output,
                              usage(f, self.prompt_len, counted), incomplete)
 
@@ -108,10 +109,10 @@ class ResponsesPresenter:
                 yield event
             if piece.finished is None:
                 continue
-            for event in items.close():
-                yield event
             incomplete = piece.finished.finish_reason == common_pb2.FINISH_REASON_LENGTH
             status = "incomplete" if incomplete else "completed"
+            for event in items.close(status):  # a message cut by max_output_tokens: incomplete
+                yield event
             yield self.event(f"response.{status}", response=self.response(
                 status, items.output, usage(piece.finished, self.prompt_len, piece.counted),
                 incomplete))
@@ -164,12 +165,13 @@ class _Items:
             self.output.append(item)
         return out
 
-    def close(self) -> list[bytes]:
-        """Close the open message item, if any."""
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Close the open message item, if any, with `status` ("incomplete": the response
+        ended at max_output_tokens, OpenAI's item status for a cut message)."""
         if self.text is None:
             return []
         ev, index, text = self.p.event, len(self.output), "".join(self.text)
-        item = message_item(self.item_id, text, "completed")
+        item = message_item(self.item_id, text, status)
         self.text = None
         self.output.append(item)
         return [ev("response.output_text.done", item_id=item["id"], output_index=index,

@@ -56,8 +56,16 @@ async def test_text_create_and_stream(client, fake):
 
 
 async def test_max_output_tokens_reached_is_incomplete(client):
+    """The response and the message item it cut are both "incomplete" (OpenAI's item
+    status; the item said "completed"), streamed too."""
     r = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [item.status for item in r.output] == ["incomplete"]
+    events = [e async for e in await client.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=1, stream=True)]
+    done = [e.item.status for e in events if e.type == "response.output_item.done"]
+    assert done == ["incomplete"] and events[-1].type == "response.incomplete"
+    assert [item.status for item in events[-1].response.output] == ["incomplete"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
