@@ -1,6 +1,7 @@
 """Logprobs in the OpenAI shapes, from the decode worker's TokenLogprobs messages.
 
     chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}
+                 (`bytes`: the token's own bytes, gateway/token_bytes.py)
     completions  {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (the legacy
                  shape): each top_logprobs entry holds the chosen token and the k most
                  likely ones (up to k + 1 keys, OpenAI's rule and vLLM's); with `echo` the
@@ -28,12 +29,19 @@ def chat_logprobs(lps: Sequence, token_text: TokenText) -> dict:
     return {"content": [_chat_entry(lp, token_text) for lp in lps]}
 
 
+def _bytes(token_text: TokenText, token_id: int) -> list[int]:
+    """The token's raw bytes where token_text carries a `bytes` reader (PromptBuilder's:
+    gateway/token_bytes.py; a token inside a character decodes to U+FFFD, its bytes do
+    not), else the UTF-8 of its text."""
+    raw = getattr(token_text, "bytes", None)
+    return list(raw(token_id) if raw is not None else token_text(token_id).encode())
+
+
 def _chat_entry(lp, token_text: TokenText) -> dict:
-    text = token_text(lp.token_id)
-    return {"token": text, "logprob": _finite(lp.logprob), "bytes": list(text.encode()),
-            "top_logprobs": [{"token": (t := token_text(x.token_id)),
-                              "logprob": _finite(x.logprob), "bytes": list(t.encode())}
-                             for x in lp.top]}
+    return {"token": token_text(lp.token_id), "logprob": _finite(lp.logprob),
+            "bytes": _bytes(token_text, lp.token_id),
+            "top_logprobs": [{"token": token_text(x.token_id), "logprob": _finite(x.logprob),
+                              "bytes": _bytes(token_text, x.token_id)} for x in lp.top]}
 
 
 def completion_logprobs(lps: Sequence, token_text: TokenText, offset: int = 0,

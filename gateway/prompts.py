@@ -27,6 +27,7 @@ from gateway.chat_templates import resolve_chat_template, tools_ignored
 from gateway.errors import RequestError
 from gateway.piece_cache import PieceTokenizer
 from gateway.session_tokens import SessionTokens
+from gateway.token_bytes import token_bytes_reader
 
 # Arguments of apply_chat_template and variables its renderer sets: not for
 # chat_template_kwargs to override.
@@ -48,6 +49,9 @@ class PromptBuilder:
         self.sessions = SessionTokens(self.encoder)
         self.vocab_size = len(tokenizer)
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+        # the raw bytes of a token (logprobs' `bytes`), read by gateway/logprobs_output.py
+        self.token_text.bytes = lru_cache(maxsize=1 << 16)(
+            token_bytes_reader(tokenizer, self._token_text))
         self.developer_as_system = not knows_developer_role(
             chat_template if chat_template is not None else tokenizer.chat_template)
 
