@@ -275,7 +275,8 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int = Field(16, ge=0, le=UINT32_MAX)  # OpenAI's default for completions (a null is it too)
+    # OpenAI's default for completions; a null is that default too (it was the room left)
+    max_tokens: int = Field(16, ge=0, le=UINT32_MAX)
     # The prompt's text before each choice's (gateway/prepare.py); with max_tokens 0 only it.
     echo: bool = False
 
