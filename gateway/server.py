@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import threading
 import time
 
 import grpc
@@ -97,8 +98,13 @@ class Gateway:
 
     def _load_prompts(self) -> PromptBuilder:
         from baton.models.registry import resolve_model
-        return PromptBuilder.from_folder(resolve_model(self.config.model),
-                                         self.config.max_model_len, self.config.chat_template)
+        prompts = PromptBuilder.from_folder(resolve_model(self.config.model),
+                                            self.config.max_model_len, self.config.chat_template)
+        # logprobs' token bytes (gateway/token_bytes.py) import xgrammar and build its table,
+        # ~1.4 s: off the start path and before a first logprobs request would block the loop
+        threading.Thread(target=prompts.token_text.bytes, args=(0,), daemon=True,
+                         name="token-bytes").start()
+        return prompts
 
     async def _start_grpc(self) -> None:
         key = self.config.api_key

@@ -24,12 +24,38 @@ def test_byte_level_tokens_bytes_join_to_the_text():
     assert "".join(e["token"] for e in content).count("\ufffd") > 0  # the text stays as was
 
 
-def test_byte_fallback_and_plain_pieces():
-    vocab = {0: "<0xF0>", 1: "▁Paris", 2: "<s>"}
-    tok = SimpleNamespace(all_special_ids=[2], convert_ids_to_tokens=vocab.__getitem__)
-    text = {0: "\ufffd", 1: " Paris", 2: "<s>"}.__getitem__
-    read = token_bytes_reader(tok, text)  # no backend decoder: not byte-level
-    assert (read(0), read(1), read(2)) == (b"\xf0", b" Paris", b"<s>")
+def sentencepiece_tokenizer():
+    """A Llama-2-style tokenizer built in-process: `▁` for spaces, `<0xNN>` byte fallback,
+    the decoder strips the first space (so one id's decode of `▁` is "")."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ("▁", "▁Paris", "▁is", "P", "a", "r", "i", "s", "é"):
+        vocab[piece] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                           normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def test_sentencepiece_spaces_and_byte_fallback():
+    """`▁` is a space (its one-id decode is ""), `<0xF0>` one byte: the run decodes to the
+    text with SentencePiece's leading space."""
+    tok = sentencepiece_tokenizer()
+    text = "Paris is café 🚀"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode([ids[0]]) == "" and "<0xF0>" in tok.convert_ids_to_tokens(ids)
+    read = token_bytes_reader(tok, lambda i: tok.decode([i]))
+    assert b"".join(read(i) for i in ids).decode() == " " + text
+
+
+def test_an_unreadable_tokenizer_falls_back_to_text_bytes():
+    read = token_bytes_reader(SimpleNamespace(), {0: "é", 1: "\ufffd"}.__getitem__)
+    assert (read(0), read(1)) == ("é".encode(), "\ufffd".encode())
 
 
 def test_a_token_text_without_a_bytes_reader_keeps_utf8():
