@@ -30,7 +30,7 @@ from gateway.drain import Drain
 from gateway.grpc_front import ApiKeyInterceptor, GatewayServicer
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
-from gateway.prep_pool import PrepPool, PrepSettings
+from gateway.prep_pool import PrepPool, PrepSettings, start_fork_server
 from gateway.prompts import PromptBuilder
 from gateway.router import Router
 from gateway.workers import WorkerPool
@@ -83,6 +83,7 @@ class Gateway:
             f"{_bracket(self.config.grpc_host)}:{self.grpc_port}"
 
     async def start(self) -> None:
+        start_fork_server()  # its imports overlap the tokenizer's load below
         if self.prompts is None:
             self.prompts = await asyncio.to_thread(self._load_prompts)
         config = self.config

@@ -38,6 +38,7 @@ from gateway.router import WorkerView
 from protos import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 logger = logging.getLogger(__name__)
+FILE_CHECK_S = 0.2  # how often the workers file's stamp is looked at (one stat call)
 # Health checks in a row that may time out before a worker counts as unhealthy: a refused
 # connection or NOT_SERVING counts at once, but a worker busy with a long step (or a loaded
 # host) answers late, and taking it out of routing for that turns load into 503s (as
@@ -98,6 +99,15 @@ def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> bo
     return restarted
 
 
+def _file_stamp(path: str | None) -> tuple[int, int] | None:
+    """(mtime_ns, size) of the workers file; None without one or when it is missing."""
+    try:
+        st = Path(path).stat() if path else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_mtime_ns, st.st_size)
+
+
 def read_workers_file(path: str) -> dict[str, list[str]]:
     """{'decode': [...], 'prefill': [...]} from a YAML or JSON file."""
     text = Path(path).read_text()
@@ -149,6 +159,7 @@ class WorkerPool:
         self.workers: dict[str, dict[str, Worker]] = {DECODE: {}, PREFILL: {}}
         self._resolved: dict[str, list[str]] = {}
         self._refresher: asyncio.Task | None = None
+        self._read_stamp: tuple[int, int] | None = None  # the workers file as last read
         self._background: set[asyncio.Task] = set()
         self._closed = False
 
@@ -235,6 +246,7 @@ class WorkerPool:
         """Re-read the workers file, re-resolve names, add and remove workers."""
         specs = {DECODE: list(self.config.decode), PREFILL: list(self.config.prefill)}
         if self.config.workers_file:
+            self._read_stamp = _file_stamp(self.config.workers_file)  # before the read
             try:
                 extra = read_workers_file(self.config.workers_file)
                 for role in specs:
@@ -284,8 +296,16 @@ class WorkerPool:
         await w.channel.close()
 
     async def _refresh_loop(self) -> None:
+        """Refresh every dns_refresh_s, and within FILE_CHECK_S of a change to the workers
+        file (its mtime or size: `baton up` writes its workers' addresses there once they
+        are up, so the gateway starts beside them rather than after them)."""
+        due = time.monotonic() + self.config.dns_refresh_s
         while not self._closed:
-            await asyncio.sleep(self.config.dns_refresh_s)
+            await asyncio.sleep(min(FILE_CHECK_S, self.config.dns_refresh_s))
+            if time.monotonic() < due and \
+                    _file_stamp(self.config.workers_file) == self._read_stamp:
+                continue
+            due = time.monotonic() + self.config.dns_refresh_s
             try:
                 await self.refresh()
             except Exception:  # never let discovery die

@@ -5,6 +5,7 @@ config dataclass's."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -63,17 +64,16 @@ def test_worker_argv_parses_with_the_workers_parsers(argv):
 
 
 @pytest.mark.parametrize("argv", [[], EVERY_FLAG])
-@pytest.mark.parametrize("prefill", [["127.0.0.1:2", "127.0.0.1:3"], []])
-def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
-    up = parse_up_args(argv)
-    cfg = gateway_parse(gateway_args(up, ["127.0.0.1:1"], prefill),
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_gateway_argv_parses_with_the_gateway_parser(argv, mode, tmp_path):
+    up = parse_up_args([*argv, "--mode", mode])
+    cfg = gateway_parse(gateway_args(up, tmp_path / "workers.json"),
                         environ=gateway_env({}, up.api_key))
     assert (cfg.model, cfg.host, cfg.port, cfg.log_level) == (up.model, up.host, up.port,
                                                              up.log_level)
     assert cfg.router.policy == RoutingPolicy(up.routing)
-    assert list(cfg.decode) == ["127.0.0.1:1"] and list(cfg.prefill) == prefill
-    if not prefill:
-        assert cfg.prefill_mode == PrefillModeChoice.LOCAL
+    assert cfg.workers_file == str(tmp_path / "workers.json") and not cfg.decode
+    assert (cfg.prefill_mode == PrefillModeChoice.LOCAL) == (mode == "colocated")
     assert (cfg.grpc_port, cfg.api_key) == (up.grpc_port, up.api_key)
     assert (cfg.max_model_len, cfg.block_size) == (up.max_model_len, up.block_size)
     assert cfg.shutdown_grace_s == up.shutdown_grace_s
@@ -83,7 +83,7 @@ def test_gateway_argv_parses_with_the_gateway_parser(argv, prefill):
 
 def test_the_api_key_never_reaches_a_command_line():
     up = parse_up_args(["--api-key", "s3cret"])
-    for argv in (prefill_args(up), decode_args(up), gateway_args(up, ["127.0.0.1:1"], [])):
+    for argv in (prefill_args(up), decode_args(up), gateway_args(up, Path("workers.json"))):
         assert "s3cret" not in " ".join(argv)
     assert gateway_env({"X": "1"}, up.api_key) == {"X": "1", "BATON_API_KEY": "s3cret"}
 
@@ -92,7 +92,7 @@ def test_a_flag_reaches_only_the_roles_that_take_it():
     up = parse_up_args(["--lease-seconds", "9", "--max-n", "3", "--max-inflight", "7"])
     assert "--lease-seconds" in prefill_args(up) and "--lease-seconds" not in decode_args(up)
     assert "--max-n" in decode_args(up) and "--max-n" not in prefill_args(up)
-    gateway = gateway_args(up, ["127.0.0.1:1"], [])
+    gateway = gateway_args(up, Path("workers.json"))
     assert "--max-inflight" in gateway and "--lease-seconds" not in gateway
     assert "--max-n" in gateway  # the gateway refuses what decode would (one limit)
 

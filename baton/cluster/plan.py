@@ -2,7 +2,7 @@
 CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its KV pool and host tier
 (`kv_bytes_per_worker`, `host_tier_bytes_per_worker`), its command line (`prefill_args`,
 `decode_args`, `gateway_args`: the role flags given to `baton up`, then what `baton up`
-decides) and its environment (`child_env`, `gateway_env`).
+decides), the gateway's workers file (`write_workers_file`) and its environment (`child_env`, `gateway_env`).
 
 The role flags are generated from the roles' configs (cluster/flags.py), so a child's command
 line always parses; tests/test_cluster_plan.py parses each with the role's own parser too.
@@ -10,6 +10,7 @@ line always parses; tests/test_cluster_plan.py parses each with the role's own p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -107,13 +108,23 @@ def _worker_args(a: argparse.Namespace, role: str, port: int) -> list[str]:
             "--drain-seconds", "5"]
 
 
-def gateway_args(a: argparse.Namespace, decode: list[str], prefill: list[str]) -> list[str]:
+def gateway_args(a: argparse.Namespace, workers_file: Path) -> list[str]:
     """The gateway's flags: the gateway flags given to `baton up`, then the model, its HTTP
-    address, the workers' addresses (no prefill worker: colocated). Never the API key: it
-    goes in the gateway's environment (`gateway_env`), out of `ps`."""
+    address and the file it reads the workers' addresses from (`write_workers_file`; the
+    gateway starts beside the workers and picks them up when the file changes); colocated:
+    every prefill local. Never the API key: it goes in the gateway's environment
+    (`gateway_env`), out of `ps`."""
     out = [*role_argv(a, "gateway"), "--model", a.model, "--host", a.host, "--port",
-           str(a.port), "--log-level", a.log_level, "--decode", ",".join(decode)]
-    return out + (["--prefill", ",".join(prefill)] if prefill else ["--prefill-mode", "local"])
+           str(a.port), "--log-level", a.log_level, "--workers-file", str(workers_file)]
+    return out + (["--prefill-mode", "local"] if a.mode == "colocated" else [])
+
+
+def write_workers_file(path: Path, decode: list[str], prefill: list[str]) -> None:
+    """Write the workers' addresses as the gateway's --workers-file JSON, atomically (a
+    rename), so the gateway never reads half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"decode": decode, "prefill": prefill}))
+    os.replace(tmp, path)
 
 
 def gateway_env(env: dict[str, str], api_key: str | None) -> dict[str, str]:

@@ -15,8 +15,10 @@
    group, one torch thread, killed with this process if it dies: child.py; flags and CPU
    sets: plan.py) and wait for each one's `READY port=N` line; colocated mode starts decode
    workers only (every prefill local);
-3. start `python -m gateway` with the workers' addresses, wait for its READY line, then
-   until GET /health is 200 and reports every worker healthy;
+3. start `python -m gateway` beside the workers (its imports and tokenizer load overlap
+   theirs) with `--workers-file LOG_DIR/workers.json`, written with the workers' addresses
+   once each printed READY (the gateway re-reads it within 0.2 s of a change); wait for its
+   READY line, then until GET /health is 200 and reports every worker healthy;
 4. print the URL and a curl line (with --api-key it reads the key from `$BATON_API_KEY`:
    the key is never printed, and the gateway gets it in its environment, not its command
    line, which `ps` shows); serve until Ctrl-C / SIGTERM. A child that dies is
@@ -68,6 +70,7 @@ from baton.cluster.plan import (
     kv_bytes_per_worker,
     prefill_args,
     set_role_flag,
+    write_workers_file,
 )
 from baton.cluster.supervise import Supervisor, describe_exit
 from baton.dtypes import resolve_dtype
@@ -174,16 +177,22 @@ class Cluster:
                                    self.cpus[f"decode-{i}"])
                        for i in range(a.num_decode)]
         deadline = time.monotonic() + a.startup_timeout
+        # the gateway starts beside the workers (its start, seconds of imports and the
+        # tokenizer, overlaps theirs) and learns their addresses from the file once they
+        # are up; a gateway restarted later reads the same file
+        workers_file = self.log_dir / "workers.json"
+        write_workers_file(workers_file, [], [])
+        self.gateway = self._child("gateway", "gateway", gateway_args(a, workers_file))
         self._wait_ready(self.prefill + self.decode, deadline)
-        self.gateway = self._child("gateway", "gateway", gateway_args(
-            a, [c.address for c in self.decode], [c.address for c in self.prefill]))
+        write_workers_file(workers_file, [c.address for c in self.decode],
+                           [c.address for c in self.prefill])
         self._wait_ready([self.gateway], deadline)
         self._wait_healthy(deadline)
 
     def _wait_ready(self, children: list[Child], deadline: float) -> None:
         for child in children:
             while not child.ready.wait(0.1):
-                self._check_alive(children)
+                self._check_alive(self.children)
                 if time.monotonic() > deadline:
                     raise StartupError(f"{child.name} not ready after "
                                        f"{self.a.startup_timeout:g} s")
@@ -317,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baton up: {e}", file=sys.stderr)
         return 1
     if (bad := bad_flags(a, {"prefill": prefill_args(a), "decode": decode_args(a),
-                             "gateway": gateway_args(a, ["127.0.0.1:1"], [])})) is not None:
+                             "gateway": gateway_args(a, Path("workers.json"))})) is not None:
         print(f"baton up: {bad}", file=sys.stderr)
         return 2
     log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="baton-up-"))

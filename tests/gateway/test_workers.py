@@ -10,7 +10,8 @@ import httpx
 
 from baton.block_hash import hash_block_tokens
 from gateway.config import RoutingPolicy
-from gateway.workers import Worker, apply_stats, read_workers_file, resolve
+from baton.cluster.plan import write_workers_file
+from gateway.workers import FILE_CHECK_S, Worker, apply_stats, read_workers_file, resolve
 from protos import common_pb2
 from tests.gateway.conftest import MODEL, FakeWorker, gateway_config, running_gateway
 from tests.gateway.fake_decode import start_fake_prefill
@@ -113,6 +114,23 @@ async def test_workers_file_is_reread(prompts, tmp_path):
     assert len(b.servicer.requests) == 1 and not a.servicer.requests
     for w in (a, b):
         await w.stop(0)
+
+
+async def test_a_changed_workers_file_is_read_within_a_fraction_of_a_second(prompts, tmp_path):
+    """As `baton up` starts it: no workers yet; they appear when the file is rewritten,
+    without waiting for --dns-refresh-s (600 s here)."""
+    a = await FakeWorker.start()
+    path = tmp_path / "workers.json"
+    write_workers_file(path, [], [])
+    async with running_gateway(prompts, [], workers_file=str(path), dns_refresh_s=600.0) as gw:
+        assert not gw.pool.workers["decode"]
+        write_workers_file(path, [a.address], [])
+        await wait_until(lambda: list(gw.pool.workers["decode"]) == [a.address],
+                         timeout=10 * FILE_CHECK_S)
+        async with httpx.AsyncClient(base_url=gw.http_url) as c:
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert len(a.servicer.requests) == 1
+    await a.stop(0)
 
 
 async def wait_until(predicate, timeout: float = 3.0) -> None:
