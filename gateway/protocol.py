@@ -279,10 +279,16 @@ class CompletionRequest(_Generation):
     max_tokens: int = Field(16, ge=0, le=UINT32_MAX)
     # The prompt's text before each choice's (gateway/prepare.py); with max_tokens 0 only it.
     echo: bool = False
+    # Fill-in-the-middle text after the completion: not served (a 400, as vLLM answers, rather
+    # than a completion that silently ignores it)
+    suffix: str | None = None
 
     def check(self) -> None:
-        """max_tokens 0 only with echo (vLLM's rule)."""
+        """max_tokens 0 only with echo (vLLM's rule); no suffix."""
         self.check_stream_fields()
+        if self.suffix:
+            raise RequestError("suffix is not supported: this server does not complete "
+                               "text in the middle (send the prompt alone)", "suffix")
         if self.max_tokens == 0 and not self.echo:
             raise RequestError("max_tokens must be at least 1 (0 only with echo)",
                                "max_tokens")

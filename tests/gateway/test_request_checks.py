@@ -210,3 +210,17 @@ async def test_integers_past_the_wire_types_are_a_400_naming_the_field(gateway, 
     error = r.json()["error"]
     assert error.get("param", param) == param and param in error["message"], r.text
     assert len(fake.servicer.requests) == sent
+
+
+async def test_a_completions_suffix_is_a_400_not_ignored(gateway, fake):
+    """Fill-in-the-middle is not served: a suffix was dropped without a word (the completion
+    read as if it had been honoured); now vLLM's answer, a 400 naming it. An empty one is
+    no suffix."""
+    sent = len(fake.servicer.requests)
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "def f(x):",
+                                                "suffix": "\n    return y", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix", r.text
+    assert len(fake.servicer.requests) == sent
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "Hi", "suffix": "",
+                                                "max_tokens": 2})
+    assert r.status_code == 200, r.text
