@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gateway.errors import GatewayError
 from gateway.responses import finished_error
 from gateway.tool_calls import ParsedToolCall
-from gateway.tool_parsers import make_tool_parser
+from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
 
 
@@ -37,9 +37,10 @@ class Piece:
     prompt_usage: common_pb2.Usage | None = None
 
 
-async def pieces(messages: AsyncIterator, tool_parser: str | None) -> AsyncIterator[Piece]:
+async def pieces(messages: AsyncIterator, tool_parser: ToolParsing | None
+                 ) -> AsyncIterator[Piece]:
     """The pieces of the module docstring; ends after the Finished."""
-    parser = make_tool_parser(tool_parser) if tool_parser else None
+    parser = tool_parser.new() if tool_parser else None
     counted = 0
     async for msg in messages:
         if msg.WhichOneof("kind") == "tokens":
@@ -62,7 +63,7 @@ async def pieces(messages: AsyncIterator, tool_parser: str | None) -> AsyncItera
                        code="upstream_error")
 
 
-async def whole(messages: AsyncIterator, tool_parser: str | None
+async def whole(messages: AsyncIterator, tool_parser: ToolParsing | None
                 ) -> tuple[str, list[ParsedToolCall], object, int]:
     """(text, calls, the Finished, output tokens) of the answer; GatewayError when the
     worker failed the request."""

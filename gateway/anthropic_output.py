@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from gateway.answer import pieces, whole
 from gateway.errors import GatewayError, anthropic_error_body, error_code_of
 from gateway.tool_calls import ParsedToolCall
+from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
 
 _LENGTH = common_pb2.FINISH_REASON_LENGTH
@@ -67,7 +68,7 @@ class MessagesPresenter:
     """One /v1/messages answer for gateway/relay.py (see the module docstring)."""
 
     def __init__(self, message_id: str, model: str, prompt_len: int,
-                 tool_parser: str | None) -> None:
+                 tool_parser: ToolParsing | None) -> None:
         self.message_id, self.model, self.prompt_len = message_id, model, prompt_len
         self.tool_parser = tool_parser
 

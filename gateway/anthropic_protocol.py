@@ -294,12 +294,13 @@ def _tools(tools: list[Tool]) -> tuple[ToolSpec, ...]:
 
 
 def _tool_choice(choice: ToolChoiceParam | None) -> ToolChoice:
-    if choice is None or choice.type == "auto":
+    if choice is None:
         return ToolChoice("auto")
-    if choice.type == "none":
-        return ToolChoice("none")
+    parallel = not choice.disable_parallel_tool_use
+    if choice.type in ("auto", "none"):
+        return ToolChoice(choice.type, parallel=parallel)
     if choice.type == "any":
-        return ToolChoice("required")
+        return ToolChoice("required", parallel=parallel)
     if not choice.name:
         raise RequestError('tool_choice {"type": "tool"} needs a name', "tool_choice.name")
-    return ToolChoice("named", choice.name)
+    return ToolChoice("named", choice.name, parallel=parallel)

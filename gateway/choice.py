@@ -3,7 +3,7 @@ an echoed prompt's), tool calls parsed from the text, finish reason (gateway/res
 from __future__ import annotations
 
 from gateway.tool_calls import ParsedToolCall
-from gateway.tool_parsers import make_tool_parser
+from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
 
 FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
@@ -12,13 +12,13 @@ FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH
 class Choice:
     """Choice `index` (prompt index × n + j); echo: its prompt's text, put before its own."""
 
-    def __init__(self, index: int, tool_parser: str | None, echo: str = "") -> None:
+    def __init__(self, index: int, tool_parser: ToolParsing | None, echo: str = "") -> None:
         self.index = index
         self.text: list[str] = [echo] if echo else []
         self.unsent_echo = echo  # a stream sends it with the choice's first chunk
         self.num_tokens = 0
         self.logprobs: list[common_pb2.TokenLogprobs] = []
-        self.parser = make_tool_parser(tool_parser) if tool_parser else None
+        self.parser = tool_parser.new() if tool_parser else None
         self.tool_calls: list[ParsedToolCall] = []
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

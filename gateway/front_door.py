@@ -49,7 +49,7 @@ from gateway.structured import (
     from_tool_choice,
     object_schema,
 )
-from gateway.tool_parsers import TOOL_PARSERS
+from gateway.tool_parsers import TOOL_PARSERS, ToolParsing
 from protos import common_pb2
 
 
@@ -66,7 +66,7 @@ class PreparedPrompt:
 @dataclass(frozen=True)
 class Prepared:
     """A prepared request. session / hints: gateway/sessions.py, gateway/session_hints.py;
-    tool_parser: the parser's name when tool calls are parsed; offered_tools: the request
+    tool_parser: how tool calls are parsed (None: they are not); offered_tools: the request
     offered tools; ignored: the fields nothing reads (gateway/ignored_fields.py);
     structured_param: the field its structured output comes from (named when a worker
     refuses it)."""
@@ -75,7 +75,7 @@ class Prepared:
     prompts: list[PreparedPrompt]
     session: SessionKeys
     hints: SessionHints
-    tool_parser: str | None = None
+    tool_parser: ToolParsing | None = None
     offered_tools: bool = False
     ignored: tuple[str, ...] = ()
     structured_param: str | None = None
@@ -105,7 +105,8 @@ def prepare(ctx: PrepContext, req: FrontRequest, routing: Routing) -> Prepared:
     if structured is not None:
         params.structured_output.CopyFrom(structured)
     prompts = _prompts(ctx, req, params, routing.block_size, session.session_id)
-    return Prepared(req.view, prompts, session, hints, parser, bool(req.tools), req.ignored,
+    parsing = ToolParsing(parser, req.tool_choice.parallel) if parser else None
+    return Prepared(req.view, prompts, session, hints, parsing, bool(req.tools), req.ignored,
                     structured_param)
 
 

@@ -33,11 +33,13 @@ class ToolSpec:
 @dataclass(frozen=True)
 class ToolChoice:
     """mode: "auto", "none", "required" (any one tool) or "named" (`name`); param: the
-    front's field."""
+    front's field; parallel False: at most one call is returned (OpenAI's
+    `parallel_tool_calls: false`, Anthropic's `disable_parallel_tool_use: true`)."""
 
     mode: str = "auto"
     name: str | None = None
     param: str = "tool_choice"
+    parallel: bool = True
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from gateway.grpc_request import prepare_grpc
 from gateway.prep_pool import PrepPool
 from gateway.responses import finished_error
 from gateway.sessions import affinity_key
-from gateway.tool_parsers import make_tool_parser
+from gateway.tool_parsers import ToolParsing
 from protos import decode_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -77,20 +77,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
 class _ToolCalls:
     """The decode worker's messages → GatewayGenerateResponses, each completion's text
-    through its own tool-call parser when `parser` names one (else relayed as they are)."""
+    through its own tool-call parser when `parser` is given (else relayed as they are)."""
 
-    def __init__(self, parser: str | None) -> None:
-        self._name = parser
+    def __init__(self, parser: ToolParsing | None) -> None:
+        self._parsing = parser
         self._parsers: dict = {}
 
     def relay(self, msg) -> list[gateway_pb2.GatewayGenerateResponse]:
         """The messages to send for one decode-worker message."""
         kind = msg.WhichOneof("kind")
-        if self._name is None:
+        if self._parsing is None:
             return [gateway_pb2.GatewayGenerateResponse(**{kind: getattr(msg, kind)})]
         if kind == "tokens":
             chunk = msg.tokens
-            parser = self._parsers.setdefault(chunk.index, make_tool_parser(self._name))
+            parser = self._parsers.get(chunk.index)
+            if parser is None:
+                parser = self._parsers[chunk.index] = self._parsing.new()
             text, calls = parser.feed(chunk.text_delta)
             chunk.text_delta = text
             return [gateway_pb2.GatewayGenerateResponse(tokens=chunk),

@@ -224,6 +224,8 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    # false: only the first tool call the model writes is returned (as vLLM does)
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     # vLLM's: the output continues the last assistant message (add_generation_prompt false).
     continue_final_message: bool = False
@@ -261,15 +263,15 @@ class ChatCompletionRequest(_Generation):
 
     def tool_choice_spec(self) -> ToolChoice:
         """tool_choice as the front door's ToolChoice (RequestError: a bad shape)."""
-        choice = self.tool_choice
+        choice, parallel = self.tool_choice, self.parallel_tool_calls is not False
         if choice in (None, "auto", "none", "required"):
-            return ToolChoice(choice or "auto")
+            return ToolChoice(choice or "auto", parallel=parallel)
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if choice.get("type", "function") != "function" or not isinstance(name, str):
             raise RequestError('tool_choice must be "none", "auto", "required" or '
                                '{"type": "function", "function": {"name": ...}}', "tool_choice")
-        return ToolChoice("named", name)
+        return ToolChoice("named", name, parallel=parallel)
 
 
 class CompletionRequest(_Generation):

@@ -22,6 +22,7 @@ from gateway.choice import FINISH, Choice
 from gateway.errors import DONE, GatewayError, error_code_of, sse_error
 from gateway.logprobs_output import chat_logprobs, completion_logprobs, prompt_logprobs_field
 from gateway.tool_calls import ParsedToolCall
+from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
 
 TokenText = Callable[[int], str]
@@ -31,8 +32,8 @@ TokenText = Callable[[int], str]
 class OutputSpec:
     """How to present one request's output. kind: "chat" or "completion". A request with
     several prompts (gateway/batch.py) has n choices per prompt, choice index
-    prompt_i * n + j; prompt_lens: each prompt's length. tool_parser: the
-    parser's name (gateway/tool_parsers.py) when tool calls are parsed, else None. echo:
+    prompt_i * n + j; prompt_lens: each prompt's length. tool_parser: how
+    tool calls are parsed (gateway/tool_parsers.py ToolParsing), else None. echo:
     each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0).
     prompt_heads: each prompt's first token id (echoed logprobs start with it);
     prompt_logprobs: add vLLM's `prompt_logprobs` field; continuous_usage: a stream's every
@@ -45,7 +46,7 @@ class OutputSpec:
     n: int
     prompt_lens: tuple[int, ...]
     num_logprobs: int | None = None
-    tool_parser: str | None = None
+    tool_parser: ToolParsing | None = None
     include_usage: bool = False
     num_prompts: int = 1
     echo: tuple[str, ...] | None = None

@@ -29,6 +29,7 @@ from gateway.answer import pieces, whole
 from gateway.errors import GatewayError, error_code_of
 from gateway.responses_protocol import Echo
 from gateway.tool_calls import ParsedToolCall
+from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
 
 
@@ -57,7 +58,7 @@ class ResponsesPresenter:
     """One /v1/responses answer for gateway/relay.py (see the module docstring)."""
 
     def __init__(self, response_id: str, model: str, prompt_len: int,
-                 tool_parser: str | None, echo: Echo) -> None:
+                 tool_parser: ToolParsing | None, echo: Echo) -> None:
         self.response_id, self.model, self.prompt_len = response_id, model, prompt_len
         self.tool_parser, self.echo = tool_parser, echo
         self.created_at = int(time.time())

@@ -148,7 +148,8 @@ def prepare_responses(ctx: PrepContext, raw: bytes, routing: Routing
         body.model, ChatPrompt(field_errors(chat_messages, body)), params,
         RequestView(body.model, 1, body.stream, True, None),
         tools=field_errors(_tools, body.tools or []),
-        tool_choice=field_errors(_tool_choice, body.tool_choice),
+        tool_choice=field_errors(_tool_choice, body.tool_choice,
+                                 body.parallel_tool_calls is not False),
         output_format=field_errors(_output_format, fmt),
         sessions=SessionSources(body=(body.prompt_cache_key, body.user)),
         ignored=tuple(ignored_fields(body)), names=_NAMES)
@@ -231,13 +232,13 @@ def _tools(tools: list[FunctionTool]) -> tuple[ToolSpec, ...]:
                  for i, t in enumerate(tools))
 
 
-def _tool_choice(choice: str | dict | None) -> ToolChoice:
+def _tool_choice(choice: str | dict | None, parallel: bool) -> ToolChoice:
     if choice is None or isinstance(choice, str):
-        return ToolChoice(choice or "auto")
+        return ToolChoice(choice or "auto", parallel=parallel)
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
         raise RequestError('tool_choice must be "auto", "none", "required" or '
                            '{"type": "function", "name": ...}', "tool_choice")
-    return ToolChoice("named", choice["name"])
+    return ToolChoice("named", choice["name"], parallel=parallel)
 
 
 def _output_format(fmt: TextFormat | None) -> OutputFormat | None:

@@ -10,6 +10,8 @@ partial leaks into content).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gateway.tool_calls import (
     CallFormat,
     Fed,
@@ -135,10 +137,49 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
 
 
-def make_tool_parser(name: str) -> ToolParser:
-    """A fresh parser of the named format (ValueError naming the known ones)."""
+class FirstCallOnly(ToolParser):
+    """`parser`, keeping only the first tool call of the output: the request said
+    `parallel_tool_calls: false` (OpenAI) or `disable_parallel_tool_use: true` (Anthropic).
+    Later calls are dropped, text and all; content is passed through (what vLLM does)."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__()
+        self.inner = parser
+        self.name, self.special_markers, self.forced = \
+            parser.name, parser.special_markers, parser.forced
+
+    def _keep(self, fed: Fed) -> Fed:
+        text, calls = fed
+        calls = calls[:max(0, 1 - len(self.calls))]
+        self.calls += calls
+        return text, calls
+
+    def feed(self, text: str) -> Fed:
+        return self._keep(self.inner.feed(text))
+
+    def finish(self) -> Fed:
+        return self._keep(self.inner.finish())
+
+
+def make_tool_parser(name: str, parallel: bool = True) -> ToolParser:
+    """A fresh parser of the named format (ValueError naming the known ones); parallel
+    False: only its first call is kept (FirstCallOnly)."""
     try:
-        return TOOL_PARSERS[name]()
+        parser = TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool-call parser {name!r}; known: "
                          f"{', '.join(sorted(TOOL_PARSERS))}") from None
+    return parser if parallel else FirstCallOnly(parser)
+
+
+@dataclass(frozen=True)
+class ToolParsing:
+    """How a request's tool calls are parsed: the parser's `name` (TOOL_PARSERS) and whether
+    parallel calls are returned (False: the first only)."""
+
+    name: str
+    parallel: bool = True
+
+    def new(self) -> ToolParser:
+        """A fresh parser for one choice."""
+        return make_tool_parser(self.name, self.parallel)
