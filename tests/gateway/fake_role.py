@@ -2,9 +2,10 @@
 
 FAKE_ROLE_EXIT=N: says so on stderr and exits with N at once. Otherwise it binds its --port
 on 127.0.0.1 (0: any free one; taken: exits with 1), writes `pid=P port=N` to stderr (its
-log), prints `READY port=N` and serves until terminated. As the gateway (--decode given) with
-FAKE_ROLE_HEALTH=1 it answers GET /health on that port with every worker it was given
-healthy; without, it only prints `READY port=1` (a gateway that never gets healthy).
+log), prints `READY port=N` and serves until terminated. As the gateway (--workers-file or
+--decode given) with FAKE_ROLE_HEALTH=1 it answers GET /health on that port with every
+worker it was given healthy (the workers file as it reads at that moment); without, it only
+prints `READY port=1` (a gateway that never gets healthy).
 """
 import json
 import os
@@ -19,14 +20,21 @@ def flag(name: str, default: str = "") -> str:
     return args[args.index(name) + 1] if name in args else default
 
 
-def serve_health(port: int) -> None:
+def health_body() -> bytes:
     counts = {role: len([a for a in flag(f"--{role}").split(",") if a])
               for role in ("decode", "prefill")}
-    body = json.dumps({"status": "ok", "workers": {
+    if flag("--workers-file"):
+        with open(flag("--workers-file")) as f:
+            listed = json.load(f)
+        counts = {role: n + len(listed.get(role, [])) for role, n in counts.items()}
+    return json.dumps({"status": "ok", "workers": {
         role: {"healthy": n, "total": n} for role, n in counts.items()}}).encode()
 
+
+def serve_health(port: int) -> None:
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):
+            body = health_body()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -58,7 +66,7 @@ if __name__ == "__main__":
     if code is not None:
         print("fake role failing on purpose", file=sys.stderr, flush=True)
         sys.exit(int(code))
-    if "--decode" not in sys.argv:
+    if "--decode" not in sys.argv and "--workers-file" not in sys.argv:
         serve_port(int(flag("--port", "0")))
     elif os.environ.get("FAKE_ROLE_HEALTH") == "1":
         serve_health(int(flag("--port", "0")))

@@ -17,17 +17,16 @@ from baton.cluster.plan import cpu_plan
 
 def test_bad_arguments_and_unknown_model(capsys, tmp_path):
     assert cluster.main(["--num-decode", "0"]) == 2
-    assert cluster.main(["--model", str(tmp_path / "missing")]) == 1
+    assert cluster.main(["--model", str(tmp_path / "missing"), "--port", "0"]) == 1
     assert "unknown model" in capsys.readouterr().err
 
 
 def test_child_dying_during_startup_fails_clearly(monkeypatch, capsys, tiny_llama, tmp_path):
-    monkeypatch.setitem(cluster.ROLE_MODULES, "prefill", "tests.gateway.fake_role")
-    monkeypatch.setitem(cluster.ROLE_MODULES, "decode", "tests.gateway.fake_role")
+    _fake_roles(monkeypatch)  # the gateway too: it starts beside the workers
     monkeypatch.setenv("FAKE_ROLE_EXIT", "3")
     start = time.monotonic()
     code = cluster.main(["--model", str(tiny_llama), "--log-dir", str(tmp_path),
-                         "--startup-timeout", "30"])
+                         "--startup-timeout", "30", "--port", "0"])
     assert code == 1 and time.monotonic() - start < 20
     err = capsys.readouterr().err
     assert "exited with status 3 during start-up" in err
