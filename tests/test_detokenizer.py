@@ -209,3 +209,24 @@ def test_flush_at_a_cut_character_matches_a_full_decode(tok):
     for i in ids:
         detok.update([i])
     assert "ok " + detok.flush() == tok.decode(ids)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_ids_text_ends_the_output_only_when_asked(tiny_llama, include):
+    """vLLM's rule: a token of stop_token_ids ends the request and its text is dropped,
+    unless include_stop_str_in_output (it was dropped either way)."""
+    from baton import LLM
+
+    llm = LLM(str(tiny_llama), num_blocks=64, dtype="float32")
+    prompt = [[5, 6, 7, 8]]
+    free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    stop_id = free.output_token_ids[3]  # the 4th token greedy decoding writes
+    first = free.output_token_ids.index(stop_id)
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                              stop_token_ids=[stop_id],
+                                              include_stop_str_in_output=include))[0]
+    kept = free.output_token_ids[:first + 1]
+    assert out.output_token_ids == kept and out.finish_reason == "stop"
+    decode = llm.engine.tokenizer.decode
+    assert out.text == decode(kept if include else kept[:-1], skip_special_tokens=True)
+    assert decode([stop_id], skip_special_tokens=True)  # a token with text, so it can differ

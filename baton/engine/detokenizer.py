@@ -158,7 +158,8 @@ class IncrementalDetokenizer:
 def check_stop(req: Request, detok: IncrementalDetokenizer, token: int, max_model_len: int,
                grammar_complete: bool = False) -> tuple[RequestStatus | None, str]:
     """After `token` was appended to `req`: (the finished status it reaches, or None; the
-    text it adds). Order: eos, then stop token ids (both only past min_tokens), stop strings,
+    text it adds). Order: eos, then stop token ids (both only past min_tokens; a stop token's
+    own text is added only with include_stop_str_in_output, as vLLM does), stop strings,
     then max_tokens / the context limit (FINISHED_LENGTH). Sets `req.stop_reason`.
     `grammar_complete`: its structured-output grammar allows nothing more, whatever
     min_tokens says: a normal stop, also on the last allowed token."""
@@ -178,7 +179,9 @@ def _check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
         return RequestStatus.FINISHED_STOPPED, detok.flush()
     if may_stop and token in params.stop_token_ids:
         req.stop_reason = token
-        return RequestStatus.FINISHED_STOPPED, detok.flush()
+        # its text ends the output only with include_stop_str_in_output (vLLM's rule)
+        text = detok.update([token]).text_delta if params.include_stop_str_in_output else ""
+        return RequestStatus.FINISHED_STOPPED, text + detok.flush()
     update = detok.update([token])
     if update.stop_string is not None:
         req.stop_reason = update.stop_string
