@@ -180,10 +180,12 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
     `data: {"error": ...}` event, then `data: [DONE]`, and the stream ends."""
     choices = spec.choices()
     chunk = _ChunkWriter(spec)
-    if spec.chat:  # the role chunk goes out with the first token, in one write
-        chunk.pending = chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None} for c in choices],
-                              spec.running_usage(choices[0]))
+    if spec.chat:  # one role chunk per choice (as OpenAI and vLLM send them), written with
+        # the first token
+        chunk.pending = b"".join(
+            chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None}], spec.running_usage(c))
+            for c in choices)
     usages: dict[int, common_pb2.Usage] = {}
     left = spec.num_choices
     async for msg in messages:

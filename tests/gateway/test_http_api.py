@@ -92,8 +92,12 @@ async def test_n2_non_stream_and_stream(gateway, fake):
     assert r.json()["usage"]["completion_tokens"] == 6
     r = await post(gateway, "/v1/chat/completions", {**CHAT, "n": 2, "stream": True})
     chunks = sse_data(r.text)
+    # one choice per chunk, each choice's first with its role (OpenAI's and vLLM's framing:
+    # a client reading choices[0] of each chunk sees every choice's role)
+    assert all(len(c["choices"]) == 1 for c in chunks)
     for i in (0, 1):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
         assert "".join(c["delta"].get("content", "") for c in mine) == "Hello world!"
         assert mine[-1]["finish_reason"] == "stop"
 
