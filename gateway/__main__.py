@@ -53,9 +53,11 @@ async def start(config: GatewayConfig) -> _Serving:
     freeze_heap()
     grpc_note = f", gRPC on {gateway.grpc_address}" if gateway.grpc_address else ""
     auth = "API key required" if config.api_key else "no API key"  # never the key itself
+    workers = f"decode {','.join(config.decode) or '-'}; prefill {','.join(config.prefill) or '-'}"
+    if config.workers_file:
+        workers += f"; workers file {config.workers_file}"
     print(f"[gateway] serving {config.served_model_name} on {gateway.http_url}{grpc_note} "
-          f"(routing {config.router.policy.value}; decode {','.join(config.decode) or '-'}; "
-          f"prefill {','.join(config.prefill) or '-'}; {auth})", flush=True)
+          f"(routing {config.router.policy.value}; {workers}; {auth})", flush=True)
     return _Serving(gateway)
 
 

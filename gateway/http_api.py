@@ -156,7 +156,8 @@ class Routes:
         view = prepared.view
         headers = self.relay.headers(prepared, self.prompts.tools_ignored)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        spec = OutputSpec(kind, rid, view.model, int(time.time()), view.n,
+        spec = OutputSpec(kind, rid, view.model or self.config.served_model_name,
+                          int(time.time()), view.n,
                           tuple(len(p.prompt_token_ids) for p in prepared.prompts),
                           view.num_logprobs, prepared.tool_parser, view.include_usage,
                           num_prompts=len(prepared.prompts), echo=view.echo,

@@ -107,7 +107,8 @@ class StreamOptions(Request):
 class _Generation(Request):
     """Fields both endpoints share."""
 
-    model: str
+    # absent or null: the served model (vLLM's rule; OpenAI requires it)
+    model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     temperature: float | None = Field(None, ge=0.0, le=2.0)  # OpenAI's range, as vLLM checks
     top_p: float | None = Field(None, gt=0.0, le=1.0)

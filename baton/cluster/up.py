@@ -258,7 +258,8 @@ def _banner(a: argparse.Namespace, cluster: Cluster) -> str:
         f"{len(cluster.decode)} decode worker(s), {dtype}" + \
         (" (--dtype auto)" if a.dtype in (None, "auto") else "") + \
         (f" on {a.device}" if (a.device or "cpu") != "cpu" else "") + \
-        f", routing {a.routing}, transport {a.transport}, pin {a.pin}"
+        f", routing {a.routing}" + (f", transport {a.transport}" if cluster.prefill else "") + \
+        f", pin {a.pin}"
     if a.kv_store_url:
         roles += f", KV store {a.kv_store_url}"
     pins = {n: sorted(c) for n, c in cluster.cpus.items() if c}

@@ -149,8 +149,8 @@ async def test_a_null_field_is_its_default(gateway, fake):
     r = await post(gateway, "/v1/messages", {"model": MODEL, "max_tokens": 5, "stream": None,
                                              "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 200, r.text
-    for path, body, field in (("/v1/chat/completions", {**CHAT, "model": None}, "model"),
-                              ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
+    # (a null model is the served one: test_no_model_is_the_served_one)
+    for path, body, field in (("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
                               ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt")):
         r = await post(gateway, path, body)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
@@ -224,3 +224,15 @@ async def test_a_completions_suffix_is_a_400_not_ignored(gateway, fake):
     r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": "Hi", "suffix": "",
                                                 "max_tokens": 2})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/completions", {"prompt": "Hi"})])
+async def test_no_model_is_the_served_one(gateway, fake, path, body):
+    """vLLM's rule: a request without `model` (or with null) is for the served model; it was
+    a 400 "Field required"."""
+    r = await post(gateway, path, {**body, "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == MODEL
