@@ -234,11 +234,17 @@ class ChatCompletionRequest(_Generation):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
-        """top_logprobs above 0 needs logprobs true (vLLM's 400; OpenAI's rule)."""
+        """top_logprobs above 0 needs logprobs true; `tools` is absent or non-empty; a
+        tool_choice other than "none" needs tools (vLLM's 400s, OpenAI's rules)."""
         self.check_stream_fields()
         if self.top_logprobs and not self.logprobs:
             raise RequestError("when using `top_logprobs`, `logprobs` must be set to true",
                                "top_logprobs")
+        if self.tools == []:
+            raise RequestError("`tools` must not be an empty array. Either provide at least "
+                               "one tool or omit the field entirely.", "tools")
+        if self.tools is None and self.tool_choice not in (None, "none"):
+            raise RequestError("When using `tool_choice`, `tools` must be set.", "tool_choice")
 
     @property
     def requested_max_tokens(self) -> int | None:

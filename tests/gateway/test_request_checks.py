@@ -236,3 +236,20 @@ async def test_no_model_is_the_served_one(gateway, fake, path, body):
     r = await post(gateway, path, {**body, "max_tokens": 3})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == MODEL
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": []}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice")])
+async def test_empty_tools_and_a_tool_choice_without_tools_are_a_400(gateway, fake, extra,
+                                                                     param):
+    """OpenAI's and vLLM's 400s: an empty `tools` array, and a tool_choice (other than
+    "none") with no tools; both were served as a plain chat."""
+    sent = len(fake.servicer.requests)
+    r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert len(fake.servicer.requests) == sent
+    ok = await post(gateway, "/v1/chat/completions", {**CHAT, "tool_choice": "none"})
+    assert ok.status_code == 200, ok.text
