@@ -5,7 +5,8 @@ gateway; gateway/config.py builds the gateway's parser from it and reads the API
 the environment. Nothing here imports torch.
 
 Workers come from `--decode` / `--prefill` (comma-separated or repeated) and from
-`--workers-file` (YAML or JSON: `{decode: [...], prefill: [...]}`, re-read periodically).
+`--workers-file` (YAML or JSON: `{decode: [...], prefill: [...]}`, re-read within 0.2 s of
+a change and every `--dns-refresh-s`; `baton up` hands its workers to the gateway this way).
 A `host:port` whose host is a name is resolved to its IPv4 (A) records every
 `--dns-refresh-s`; each address is one worker (a Kubernetes headless Service works as is).
 `--chat-template FILE|tokenizer` and `--tool-call-parser NAME`: gateway/chat_templates.py,

@@ -38,7 +38,7 @@ KNOWN_HARMLESS = frozenset({
 # Known fields ignored only at the value that describes what Baton does anyway; any other
 # value is listed as ignored.
 IGNORED_AT_DEFAULT: dict[str, object] = {
-    "parallel_tool_calls": True,  # every parsed call is returned
+    "parallel_tool_calls": True,  # /v1/completions: no tool calls (chat and Responses act on it)
     "best_of": 1,                 # no server-side best-of
 }
 

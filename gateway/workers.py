@@ -99,13 +99,14 @@ def apply_stats(worker: Worker, stats: common_pb2.WorkerStats, now: float) -> bo
     return restarted
 
 
-def _file_stamp(path: str | None) -> tuple[int, int] | None:
-    """(mtime_ns, size) of the workers file; None without one or when it is missing."""
+def _file_stamp(path: str | None) -> tuple[int, ...] | None:
+    """(inode, mtime_ns, ctime_ns, size) of the workers file (a rename or an edit changes
+    it); None without one or when it is missing."""
     try:
         st = Path(path).stat() if path else None
     except OSError:
         return None
-    return None if st is None else (st.st_mtime_ns, st.st_size)
+    return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 def read_workers_file(path: str) -> dict[str, list[str]]:
@@ -159,7 +160,7 @@ class WorkerPool:
         self.workers: dict[str, dict[str, Worker]] = {DECODE: {}, PREFILL: {}}
         self._resolved: dict[str, list[str]] = {}
         self._refresher: asyncio.Task | None = None
-        self._read_stamp: tuple[int, int] | None = None  # the workers file as last read
+        self._read_stamp: tuple[int, ...] | None = None  # the workers file as last read
         self._background: set[asyncio.Task] = set()
         self._closed = False
 
@@ -300,8 +301,10 @@ class WorkerPool:
         file (its mtime or size: `baton up` writes its workers' addresses there once they
         are up, so the gateway starts beside them rather than after them)."""
         due = time.monotonic() + self.config.dns_refresh_s
+        check_s = min(FILE_CHECK_S, self.config.dns_refresh_s) if self.config.workers_file \
+            else self.config.dns_refresh_s
         while not self._closed:
-            await asyncio.sleep(min(FILE_CHECK_S, self.config.dns_refresh_s))
+            await asyncio.sleep(check_s)
             if time.monotonic() < due and \
                     _file_stamp(self.config.workers_file) == self._read_stamp:
                 continue

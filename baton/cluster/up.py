@@ -16,7 +16,7 @@
    sets: plan.py) and wait for each one's `READY port=N` line; colocated mode starts decode
    workers only (every prefill local);
 3. start `python -m gateway` beside the workers (its imports and tokenizer load overlap
-   theirs) with `--workers-file LOG_DIR/workers.json`, written with the workers' addresses
+   theirs) with `--workers-file LOG_DIR/workers-PID.json`, written with the workers' addresses
    once each printed READY (the gateway re-reads it within 0.2 s of a change); wait for its
    READY line, then until GET /health is 200 and reports every worker healthy;
 4. print the URL and a curl line (with --api-key it reads the key from `$BATON_API_KEY`:
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -110,6 +111,9 @@ class Cluster:
         self.cpus: dict[str, frozenset[int] | None] = {}
         self.share: dict[str, list[str]] = {}  # worker name -> its --cpu-share, --device
         self.roles: dict[str, str] = {}  # child name -> role
+        # the gateway's --workers-file, one per run: two clusters given the same --log-dir
+        # never read each other's workers
+        self.workers_file = log_dir / f"workers-{os.getpid()}.json"
 
     def request_stop(self, sig: int, _frame=None) -> None:
         """Signal handler: the main loop (or start-up) stops at its next check."""
@@ -141,6 +145,8 @@ class Cluster:
             self.kv_master = restart_master(old, self.env)
             return self.kv_master
         role = self.roles[old.name]
+        if role == "gateway":  # its addresses again, should anything have removed the file
+            self._write_workers()
         argv = old.argv if role == "gateway" else [
             sys.executable, "-m", ROLE_MODULES[role],
             *(prefill_args if role == "prefill" else decode_args)(self.a, old.port),
@@ -153,8 +159,14 @@ class Cluster:
             self.gateway = new
         return new
 
+    def _write_workers(self) -> None:
+        """The workers' addresses into the gateway's workers file (they keep their ports)."""
+        write_workers_file(self.workers_file, [c.address for c in self.decode],
+                           [c.address for c in self.prefill])
+
     def start(self) -> None:
-        """Start the workers, wait for their READY lines, then the gateway until healthy."""
+        """Start the workers and the gateway; once the workers printed READY, hand the
+        gateway their addresses (the workers file) and wait until it reports them healthy."""
         a = self.a
         self.cpus = cpu_plan(a.pin, a.mode, a.num_prefill, a.num_decode)
         share = cpu_share_plan(a.pin, self.log_dir, list(self.cpus))
@@ -180,12 +192,10 @@ class Cluster:
         # the gateway starts beside the workers (its start, seconds of imports and the
         # tokenizer, overlaps theirs) and learns their addresses from the file once they
         # are up; a gateway restarted later reads the same file
-        workers_file = self.log_dir / "workers.json"
-        write_workers_file(workers_file, [], [])
-        self.gateway = self._child("gateway", "gateway", gateway_args(a, workers_file))
+        write_workers_file(self.workers_file, [], [])
+        self.gateway = self._child("gateway", "gateway", gateway_args(a, self.workers_file))
         self._wait_ready(self.prefill + self.decode, deadline)
-        write_workers_file(workers_file, [c.address for c in self.decode],
-                           [c.address for c in self.prefill])
+        self._write_workers()
         self._wait_ready([self.gateway], deadline)
         self._wait_healthy(deadline)
 

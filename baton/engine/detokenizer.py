@@ -179,7 +179,8 @@ def _check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
         return RequestStatus.FINISHED_STOPPED, detok.flush()
     if may_stop and token in params.stop_token_ids:
         req.stop_reason = token
-        # its text ends the output only with include_stop_str_in_output (vLLM's rule)
+        # its text ends the output only with include_stop_str_in_output (vLLM's rule for
+        # stop_token_ids; eos never adds its text here)
         text = detok.update([token]).text_delta if params.include_stop_str_in_output else ""
         return RequestStatus.FINISHED_STOPPED, text + detok.flush()
     update = detok.update([token])

@@ -1,6 +1,7 @@
 """`baton up` failure paths, fast: stand-in role processes instead of real workers."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -209,3 +210,28 @@ def test_api_key_stays_out_of_output_and_ps(monkeypatch, tmp_path, tiny_llama, c
     out = capsys.readouterr()
     assert key not in out.out + out.err
     assert '-H "Authorization: Bearer $BATON_API_KEY"' in out.out
+
+
+def test_a_restarted_gateway_gets_the_workers_file_again(monkeypatch, tmp_path, tiny_llama):
+    """The gateway learns the workers from LOG_DIR/workers-PID.json; one restarted after
+    the file was removed (a tmp cleaner) gets it written again, not an empty cluster."""
+    run, serving, said = _serving_cluster(monkeypatch, tiny_llama, tmp_path,
+                                          "--restart-delay-s", "0.1")
+    seen: list[dict] = []
+
+    def remove_then_kill():
+        assert serving.wait(30)
+        (path,) = tmp_path.glob("workers-*.json")
+        path.unlink()
+        os.kill(_pid_lines(tmp_path / "gateway.log", 1)[0][0], signal.SIGKILL)
+        for _ in range(300):
+            if any("is back" in line for line in said):
+                break
+            time.sleep(0.05)
+        seen.append(json.loads(path.read_text()))
+
+    chaos = _in_thread(remove_then_kill, stop_after=True)
+    code = run()
+    chaos.join(10)
+    assert code == 0 and any("gateway is back" in line for line in said), said
+    assert len(seen[0]["decode"]) == 1 and len(seen[0]["prefill"]) == 1, seen
