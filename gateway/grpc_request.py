@@ -48,7 +48,8 @@ def prepare_grpc(ctx: PrepContext, data: bytes, routing: Routing) -> Prepared:
     if kind == "chat":
         prompt = ChatPrompt([_message(m) for m in request.chat.messages])
         tools = tuple(_tool(t, i) for i, t in enumerate(request.chat.tools))
-        choice = _tool_choice(request.chat.tool_choice)
+        choice = _tool_choice(request.chat.tool_choice, not request.chat.HasField(
+            "parallel_tool_calls") or request.chat.parallel_tool_calls)
     elif kind == "text":
         prompt = (request.text,)
     elif kind == "token_ids":
@@ -93,13 +94,13 @@ def _tool(t: gateway_pb2.ToolDefinition, index: int) -> ToolSpec:
     return ToolSpec(t.name, t.description, parameters, param)
 
 
-def _tool_choice(choice: gateway_pb2.ToolChoice) -> ToolChoice:
+def _tool_choice(choice: gateway_pb2.ToolChoice, parallel: bool = True) -> ToolChoice:
     param = "chat.tool_choice"
     which = choice.WhichOneof("choice")
     if which == "function_name":
-        return ToolChoice("named", choice.function_name, param)
+        return ToolChoice("named", choice.function_name, param, parallel)
     mode = choice.mode if which == "mode" else "auto"
     if mode not in ("auto", "none", "required"):
         raise GatewayError(400, 'chat.tool_choice.mode must be "auto", "none" or "required"',
                            param=param, code="invalid_request")
-    return ToolChoice(mode, None, param)
+    return ToolChoice(mode, None, param, parallel)

@@ -26,7 +26,7 @@ from protos import common_pb2 as protos_dot_common__pb2
 from protos import decode_pb2 as protos_dot_decode__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\x1a\x13protos/decode.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\";\n\x0c\x43hatToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x8d\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x14\n\x07\x63ontent\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.baton.v1.ChatToolCallB\n\n\x08_content\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"?\n\nToolChoice\x12\x0e\n\x04mode\x18\x01 \x01(\tH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"\x89\x01\n\nChatPrompt\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\'\n\x05tools\x18\x02 \x03(\x0b\x32\x18.baton.v1.ToolDefinition\x12)\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x14.baton.v1.ToolChoice\"\xba\x02\n\x16GatewayGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.baton.v1.ChatPromptH\x00\x12\x31\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12 \n\x13session_ttl_seconds\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bsession_end\x18\t \x01(\x08\x42\x08\n\x06promptB\x16\n\x14_session_ttl_seconds\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x9a\x01\n\x17GatewayGenerateResponse\x12&\n\x06tokens\x18\x01 \x01(\x0b\x32\x14.baton.v1.TokenChunkH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.baton.v1.FinishedH\x00\x12\'\n\ttool_call\x18\x03 \x01(\x0b\x32\x12.baton.v1.ToolCallH\x00\x42\x06\n\x04kind2c\n\x0eGatewayService\x12Q\n\x08Generate\x12 .baton.v1.GatewayGenerateRequest\x1a!.baton.v1.GatewayGenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/gateway.proto\x12\x08\x62\x61ton.v1\x1a\x13protos/common.proto\x1a\x13protos/decode.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\";\n\x0c\x43hatToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x8d\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x14\n\x07\x63ontent\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.baton.v1.ChatToolCallB\n\n\x08_content\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"?\n\nToolChoice\x12\x0e\n\x04mode\x18\x01 \x01(\tH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"\xc3\x01\n\nChatPrompt\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\'\n\x05tools\x18\x02 \x03(\x0b\x32\x18.baton.v1.ToolDefinition\x12)\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x14.baton.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"\xba\x02\n\x16GatewayGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.baton.v1.ChatPromptH\x00\x12\x31\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12 \n\x13session_ttl_seconds\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bsession_end\x18\t \x01(\x08\x42\x08\n\x06promptB\x16\n\x14_session_ttl_seconds\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x9a\x01\n\x17GatewayGenerateResponse\x12&\n\x06tokens\x18\x01 \x01(\x0b\x32\x14.baton.v1.TokenChunkH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.baton.v1.FinishedH\x00\x12\'\n\ttool_call\x18\x03 \x01(\x0b\x32\x12.baton.v1.ToolCallH\x00\x42\x06\n\x04kind2c\n\x0eGatewayService\x12Q\n\x08Generate\x12 .baton.v1.GatewayGenerateRequest\x1a!.baton.v1.GatewayGenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,13 +44,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCHOICE']._serialized_start=384
   _globals['_TOOLCHOICE']._serialized_end=447
   _globals['_CHATPROMPT']._serialized_start=450
-  _globals['_CHATPROMPT']._serialized_end=587
-  _globals['_GATEWAYGENERATEREQUEST']._serialized_start=590
-  _globals['_GATEWAYGENERATEREQUEST']._serialized_end=904
-  _globals['_TOOLCALL']._serialized_start=906
-  _globals['_TOOLCALL']._serialized_end=976
-  _globals['_GATEWAYGENERATERESPONSE']._serialized_start=979
-  _globals['_GATEWAYGENERATERESPONSE']._serialized_end=1133
-  _globals['_GATEWAYSERVICE']._serialized_start=1135
-  _globals['_GATEWAYSERVICE']._serialized_end=1234
+  _globals['_CHATPROMPT']._serialized_end=645
+  _globals['_GATEWAYGENERATEREQUEST']._serialized_start=648
+  _globals['_GATEWAYGENERATEREQUEST']._serialized_end=962
+  _globals['_TOOLCALL']._serialized_start=964
+  _globals['_TOOLCALL']._serialized_end=1034
+  _globals['_GATEWAYGENERATERESPONSE']._serialized_start=1037
+  _globals['_GATEWAYGENERATERESPONSE']._serialized_end=1191
+  _globals['_GATEWAYSERVICE']._serialized_start=1193
+  _globals['_GATEWAYSERVICE']._serialized_end=1292
 # @@protoc_insertion_point(module_scope)

@@ -206,6 +206,16 @@ async def test_tool_calls_are_parsed_as_over_http(stub, fake):
     assert not any(m.WhichOneof("kind") == "tool_call" for m in msgs)
 
 
+async def test_parallel_tool_calls_false_keeps_the_first_call_over_grpc(stub, fake):
+    from tests.gateway.test_http_api import TOOL_TOKENS
+    fake.servicer.behavior = Behavior(tokens=TOOL_TOKENS)
+    request = _chat()
+    request.chat.parallel_tool_calls = False
+    msgs = await collect(stub, request)
+    calls = [m.tool_call.name for m in msgs if m.WhichOneof("kind") == "tool_call"]
+    assert calls == ["get_weather"] and msgs[-1].WhichOneof("kind") == "finished"
+
+
 async def test_forced_tool_choice_over_grpc_and_its_errors(stub, fake):
     await collect(stub, _chat(function_name="get_time"))
     so = fake.servicer.requests[-1].sampling_params.structured_output
