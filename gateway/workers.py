@@ -298,8 +298,9 @@ class WorkerPool:
 
     async def _refresh_loop(self) -> None:
         """Refresh every dns_refresh_s, and within FILE_CHECK_S of a change to the workers
-        file (its mtime or size: `baton up` writes its workers' addresses there once they
-        are up, so the gateway starts beside them rather than after them)."""
+        file (`_file_stamp`: `baton up` writes its workers' addresses there once they are
+        up, so the gateway starts beside them rather than after them); without a workers
+        file, every dns_refresh_s only."""
         due = time.monotonic() + self.config.dns_refresh_s
         check_s = min(FILE_CHECK_S, self.config.dns_refresh_s) if self.config.workers_file \
             else self.config.dns_refresh_s

@@ -2,7 +2,8 @@
 CPU set (`cpu_plan`) or core-sharing slot (`cpu_share_plan`), its KV pool and host tier
 (`kv_bytes_per_worker`, `host_tier_bytes_per_worker`), its command line (`prefill_args`,
 `decode_args`, `gateway_args`: the role flags given to `baton up`, then what `baton up`
-decides), the gateway's workers file (`write_workers_file`) and its environment (`child_env`, `gateway_env`).
+decides), the gateway's workers file (`write_workers_file`) and its environment
+(`child_env`, `gateway_env`).
 
 The role flags are generated from the roles' configs (cluster/flags.py), so a child's command
 line always parses; tests/test_cluster_plan.py parses each with the role's own parser too.
