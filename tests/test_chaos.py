@@ -155,6 +155,17 @@ class Chaos:
                                     ("baton_kv_tier_saved_bytes_total", {"tier": "store"}))
                        for r, a in workers)
 
+        def all_saved() -> bool:  # each worker's client is connected: it wrote to the store
+            return all(self.counter(r, a, ("baton_kv_tier_saved_bytes_total", {"tier": "store"}))
+                       > 0 for r, a in workers)
+
+        async def connected() -> bool:
+            return await asyncio.to_thread(all_saved)
+        # A worker restarted just before (decode-1, above) sets up its store client after its
+        # READY; a master killed during that set-up leaves the library's set-up call hanging
+        # for about 90 s (store_client.py), past any reconnect bound: kill once every client
+        # is connected, which is what this fault is about.
+        await until(connected, STORE_RECONNECT_S * 3)
         before = reconnects()
         port = int(self.proc_arg("--kv-store-url").rsplit(":", 1)[1])
         ready = await self.kill(Target(self.proc.pid, "mooncake_master", port),
