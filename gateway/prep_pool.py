@@ -175,7 +175,7 @@ class PrepPool:
     async def start(self) -> None:
         """Start every child and wait until each is ready (the fork server first, unless
         start_fork_server already did)."""
-        self._ctx.set_forkserver_preload(list(PRELOAD))
+        start_fork_server()
         self._blob = await asyncio.to_thread(pickle.dumps, (self._prompts, self._settings))
         await asyncio.gather(*(self._spawn(i) for i in range(self._processes)))
 

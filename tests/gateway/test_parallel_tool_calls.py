@@ -17,6 +17,12 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "parameters": {}}
                    {"type": "function", "name": "get_time", "parameters": {}}]
 
 
+def _events(text: str) -> list[dict]:
+    """The JSON of every `data:` line of an Anthropic or Responses stream (no [DONE])."""
+    return [json.loads(line[len("data: "):]) for line in text.splitlines()
+            if line.startswith("data: ")]
+
+
 @pytest.mark.parametrize("parallel,names", [(False, ["get_weather"]),
                                             (True, ["get_weather", "get_time"]),
                                             (None, ["get_weather", "get_time"])])
@@ -54,8 +60,7 @@ async def test_anthropic_disable_parallel_tool_use(gateway, fake, disable, names
         "messages": [{"role": "user", "content": "Weather and time in Paris?"}]})
     assert r.status_code == 200, r.text
     if stream:
-        events = [json.loads(line[len("data: "):]) for line in r.text.splitlines()
-                  if line.startswith("data: ")]
+        events = _events(r.text)
         used = [e["content_block"]["name"] for e in events
                 if e["type"] == "content_block_start" and e["content_block"]["type"] ==
                 "tool_use"]
@@ -76,8 +81,7 @@ async def test_responses(gateway, fake, parallel, names, stream):
         "parallel_tool_calls": parallel, "stream": stream})
     assert r.status_code == 200, r.text
     if stream:
-        events = [json.loads(line[len("data: "):]) for line in r.text.splitlines()
-                  if line.startswith("data: ")]
+        events = _events(r.text)
         body = next(e["response"] for e in events if e["type"] == "response.completed")
     else:
         body = r.json()
