@@ -1,8 +1,10 @@
 """ASGI pieces under the FastAPI routes: the guard in front, SSE and disconnect handling behind.
 
 - `Guard` (the outermost middleware after CORS, whose preflights never reach it:
-  gateway/http_api.py): stamps the arrival time, checks the API key (every path but
-  /health; `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`), bounds the body
+  gateway/http_api.py): stamps the arrival time, checks the API key (every path but the
+  operators' /health, /metrics, /metrics/workers and /version, which vLLM leaves open too, so
+  a Prometheus scrape or a probe needs no key; `Authorization: Bearer KEY`, the scheme in any
+  case, or Anthropic's `x-api-key: KEY`), bounds the body
   (Content-Length, and counted while it streams in), answers in the shape of the path's API
   (Anthropic's under /v1/messages, gateway/errors.py), counts
   every response by endpoint and status for /metrics, and while the gateway drains refuses
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
+from gateway.api_key import bearer_matches
 from gateway.drain import Drain, shutting_down
 from gateway.errors import DONE, GatewayError, error_body_for, sse_error
 from gateway.metrics import GatewayMetrics
@@ -38,6 +41,7 @@ _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
               "/v1/messages/count_tokens", "/v1/responses", "/v1/models", "/health",
               "/metrics", "/metrics/workers", "/tokenize", "/detokenize", "/version"}
 _NOT_DRAINED = ("/health", "/metrics", "/metrics/workers", "/version")  # answered while draining
+_KEYLESS = _NOT_DRAINED  # answered without the API key (vLLM guards only /v1 and its siblings)
 
 
 class BodyTooLarge(HTTPException):
@@ -56,7 +60,6 @@ class Guard:
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
                  metrics: GatewayMetrics, drain: Drain) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._key = api_key.encode() if api_key else None
         self._max_body = max_body_bytes
         self._metrics = metrics
@@ -70,7 +73,7 @@ class Guard:
         endpoint = path if path in _ENDPOINTS else "other"
         counted_send = self._counting_send(send, endpoint)
         headers = dict(scope["headers"])
-        if self._expected is not None and path != "/health" and not self._authorized(headers):
+        if self._key is not None and path not in _KEYLESS and not self._authorized(headers):
             return await _json(counted_send, 401, error_body_for(
                 path, 401, "Incorrect or missing API key (send 'Authorization: Bearer KEY' "
                            "or 'x-api-key: KEY').", code="invalid_api_key"))
@@ -90,8 +93,9 @@ class Guard:
             self._drain.leave()
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        """The key came as `Authorization: Bearer KEY` or as `x-api-key: KEY`."""
-        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        """The key came as `Authorization: Bearer KEY` (gateway/api_key.py) or as
+        `x-api-key: KEY`; compared in constant time."""
+        bearer = bearer_matches(headers.get(b"authorization", b""), self._key)
         return hmac.compare_digest(headers.get(b"x-api-key", b""), self._key) or bearer
 
     def too_large_body(self, path: str = "") -> dict:

@@ -22,13 +22,13 @@ session hints likewise (fields, else `x-session-ttl` / `x-session-end`; session_
 """
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 
 import grpc
 
 from baton.json_schema import FIELD_METADATA
+from gateway.api_key import bearer_matches
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher, tokenized_requests
 from gateway.errors import GatewayError
@@ -121,13 +121,14 @@ async def _abort(context, error: GatewayError) -> None:
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED for any call without `authorization: Bearer KEY` metadata, except the
-    grpc.health.v1 service (probes carry no key, like GET /health)."""
+    """UNAUTHENTICATED for any call without `authorization: Bearer KEY` metadata (the scheme
+    in any case: gateway/api_key.py), except the grpc.health.v1 service (probes carry no
+    key, like GET /health)."""
 
     _OPEN = "/grpc.health.v1.Health/"
 
     def __init__(self, api_key: str) -> None:
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -135,7 +136,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return handler
         given = dict(details.invocation_metadata or ()).get("authorization", "")
         given = given.encode() if isinstance(given, str) else given
-        if hmac.compare_digest(given, self._expected):
+        if bearer_matches(given, self._key):
             return handler
         return _refusing(handler)
 

@@ -250,22 +250,28 @@ async def test_health_is_503_without_a_healthy_decode_worker(prompts):
     await worker.stop(0)
 
 
-async def test_api_key_guards_everything_but_health(prompts, fake):
+async def test_api_key_guards_everything_but_the_operators_paths(prompts, fake):
+    """With a key, every path wants it but /health, /metrics, /metrics/workers and /version
+    (vLLM leaves them open too: a Prometheus scrape, such as the Kubernetes manifests'
+    `prometheus.io/scrape` annotation asks for, sends no key); `Bearer` matches in any case."""
     async with running_gateway(prompts, [fake], api_key="sekret") as gw:
         async with httpx.AsyncClient(base_url=gw.http_url) as c:
-            assert (await c.get("/health")).status_code == 200
-            for method, path in [("GET", "/v1/models"), ("GET", "/metrics"),
-                                 ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+            for path in ("/health", "/metrics", "/metrics/workers", "/version"):
+                assert (await c.get(path)).status_code == 200, path
+            for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+                                 ("POST", "/v1/completions"), ("POST", "/tokenize"),
                                  ("GET", "/nowhere")]:
                 r = await c.request(method, path, json=CHAT)
                 assert r.status_code == 401, path
                 assert r.json()["error"]["code"] == "invalid_api_key"
-            r = await c.post("/v1/chat/completions", json=CHAT,
-                             headers={"Authorization": "Bearer wrong"})
-            assert r.status_code == 401
-            r = await c.post("/v1/chat/completions", json=CHAT,
-                             headers={"Authorization": "Bearer sekret"})
-            assert r.status_code == 200
+            for auth in ("Bearer wrong", "sekret", "Basic sekret", "Bearer  sekretx", "Bearer"):
+                r = await c.post("/v1/chat/completions", json=CHAT,
+                                 headers={"Authorization": auth})
+                assert r.status_code == 401, auth
+            for auth in ("Bearer sekret", "bearer sekret", "BEARER  sekret"):
+                r = await c.post("/v1/chat/completions", json=CHAT,
+                                 headers={"Authorization": auth})
+                assert r.status_code == 200, auth
 
 
 async def test_max_completion_tokens_and_finish_reason_length(prompts):
