@@ -81,8 +81,10 @@ _TEXT_KEYS = {"text": "text", "refusal": "refusal"}
 
 
 def message_text(content: Any) -> str:
-    """OpenAI content (None, a string, or a list of text or refusal parts) → one string
-    (PromptError naming `messages` for a part that is not text)."""
+    """OpenAI content (None, a string, or a list of text or refusal parts) → one string, the
+    parts joined by a newline as vLLM joins them (`renderers/chat_utils.py`), so a system
+    prompt given in parts does not run its sentences together (PromptError naming `messages`
+    for a part that is not text)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -97,7 +99,7 @@ def message_text(content: Any) -> str:
             raise PromptError(f"a {part['type']} content part needs a `{key}` string",
                               "messages")
         parts.append(part[key])
-    return "".join(parts)
+    return "\n".join(parts)
 
 
 def knows_developer_role(template: Any) -> bool:

@@ -220,7 +220,7 @@ def _text(content: str | list[_Part] | None, param: str) -> str:
             raise RequestError(f"content parts of type {kind!r} are not supported (text "
                                "only)", f"{param}[{j}]")
         texts.append(text)
-    return "".join(texts)
+    return "\n".join(texts)  # as chat's parts (baton/chat_format.py message_text) and vLLM
 
 
 def _tools(tools: list[FunctionTool]) -> tuple[ToolSpec, ...]:

@@ -31,7 +31,7 @@ SMOLLM_LIKE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] 
 
 HISTORY = [
     {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": [{"type": "text", "text": "Weather "},
+    {"role": "user", "content": [{"type": "text", "text": "Weather"},
                                  {"type": "text", "text": "in Paris?"}]},
     {"role": "assistant", "content": None, "tool_calls": [{
         "id": "call_1", "type": "function",
@@ -52,7 +52,7 @@ def test_normalize_message():
     m = normalize_message(HISTORY[2])
     assert m["content"] == ""
     assert m["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
-    assert normalize_message(HISTORY[1])["content"] == "Weather in Paris?"
+    assert normalize_message(HISTORY[1])["content"] == "Weather\nin Paris?"
     odd = normalize_message({"role": "assistant", "content": None, "tool_calls": [
         {"function": {"name": "f", "arguments": "not json"}}]})
     assert odd["tool_calls"][0]["function"]["arguments"] == "not json"
@@ -74,7 +74,7 @@ def test_null_content_renders_through_a_smollm_style_template(prompts):
     p = with_template(prompts, SMOLLM_LIKE)
     text = p.tokenizer.decode(p.chat_token_ids(HISTORY, TOOLS))  # tools ignored: fine
     assert "<|im_start|>assistant\n<|im_end|>" in text
-    assert "Weather in Paris?" in text
+    assert "Weather\nin Paris?" in text
 
 
 def test_legacy_function_calling_renders_as_tool_turns(prompts):
@@ -176,6 +176,21 @@ def test_refusal_parts_are_text_and_a_text_part_needs_its_text():
     missing."""
     m = normalize_message({"role": "assistant", "content": [
         {"type": "text", "text": "I can't "}, {"type": "refusal", "refusal": "help with that."}]})
-    assert m["content"] == "I can't help with that."
+    assert m["content"] == "I can't \nhelp with that."  # parts joined by "\n", as vLLM does
     with pytest.raises(PromptError, match="needs a `text` string"):
         normalize_message({"role": "user", "content": [{"type": "text"}]})
+
+
+def test_text_parts_are_joined_by_a_newline_on_chat_and_responses():
+    """A system prompt or input given in several text parts: vLLM joins them with "\\n";
+    Baton joined them with nothing ("You are terse.Answer in French."), so the prompt, its
+    token count and the greedy output differed from vLLM's on the same request."""
+    from gateway.responses_protocol import ResponsesRequest, chat_messages
+    parts = [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Be kind."}]
+    assert normalize_message({"role": "system", "content": parts})["content"] == \
+        "You are terse.\nBe kind."
+    body = ResponsesRequest.model_validate({"model": "m", "input": [{
+        "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": "Hello"},
+                    {"type": "input_text", "text": "World"}]}]})
+    assert chat_messages(body)[0]["content"] == "Hello\nWorld"
