@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from baton.sampling_params import MAX_LOGPROBS
-from gateway import structured
+from gateway import structured, vllm_constraints
 from gateway.errors import RequestError
 from gateway.front_door import OutputFormat, RequestView, SessionSources, ToolChoice, ToolSpec
 from gateway.nullable import drop_defaulted_nulls
@@ -114,7 +114,7 @@ class _Generation(Request):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # vLLM's range (int64)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=_N_WIRE_MAX)
     stream: bool = False
@@ -133,6 +133,8 @@ class _Generation(Request):
     # OpenAI's shape: token ids as JSON object keys (strings); checked in logit_bias_ids.
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's structured outputs: JSON kinds enforced, others refused (gateway/vllm_constraints.py)
+    structured_outputs: Any = None
     # OpenAI's prompt-cache key: a session key after the headers (gateway/sessions.py).
     prompt_cache_key: str | None = None
     # vLLM's: the prompt tokens' logprobs, each with its top k (-1, the whole vocabulary,
@@ -187,7 +189,15 @@ class _Generation(Request):
         return p
 
     def output_format(self) -> OutputFormat | None:
-        """response_format as the front door's OutputFormat (None: free text)."""
+        """response_format or vLLM's structured_outputs as the front door's OutputFormat
+        (None: free text); a vLLM constraint Baton does not enforce is a RequestError
+        (gateway/vllm_constraints.py)."""
+        vllm_constraints.refuse_unsupported(self.model_extra or {})
+        fmt = self._response_format()
+        vllm = vllm_constraints.structured_outputs_format(self.structured_outputs, fmt)
+        return fmt if vllm is None else vllm
+
+    def _response_format(self) -> OutputFormat | None:
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return None

@@ -121,3 +121,50 @@ async def test_a_schema_a_worker_refuses_is_a_400_naming_the_field(gateway, fake
     fake.servicer.behavior = Behavior(reject=grpc.StatusCode.INVALID_ARGUMENT)
     r = await post(gateway, "/v1/chat/completions", {**CHAT, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] is None  # no field named
+
+
+async def test_vllm_structured_outputs_json_kinds_reach_the_worker(gateway, fake):
+    """vLLM's `structured_outputs` was accepted and dropped (named only in a header): a
+    migrating user's constraint silently did nothing. Its JSON kinds are now enforced like
+    response_format, on chat and completions; a schema may come as JSON text, as in vLLM."""
+    for path, body in (("/v1/chat/completions", CHAT),
+                       ("/v1/completions", {"model": MODEL, "prompt": "x"})):
+        for schema in (SCHEMA, json.dumps(SCHEMA)):
+            so = await _structured(gateway, fake, path,
+                                   {**body, "structured_outputs": {"json": schema}})
+            assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA
+            assert json.loads(so.json_schema) == SCHEMA
+        so = await _structured(gateway, fake, path,
+                               {**body, "structured_outputs": {"json_object": True}})
+        assert so.kind == common_pb2.STRUCTURED_OUTPUT_KIND_JSON_OBJECT
+        assert await _structured(gateway, fake, path, {**body, "structured_outputs": None,
+                                                       "allowed_token_ids": None,
+                                                       "bad_words": []}) is None
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"regex": "[0-9]{3}"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"json": SCHEMA, "json_object": True}}, "structured_outputs"),
+    ({"structured_outputs": "json"}, "structured_outputs"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
+    ({"structured_outputs": {"json": SCHEMA}, "response_format": {"type": "json_object"}},
+     "structured_outputs"),
+    ({"structured_outputs": {"json": {"type": "nonsense"}}}, "structured_outputs.json"),
+    ({"allowed_token_ids": [33, 34]}, "allowed_token_ids"),
+    ({"bad_words": ["Yes"]}, "bad_words"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"seed": 1 << 64}, "seed"),
+])
+async def test_vllm_constraints_baton_does_not_enforce_are_400(gateway, fake, extra, param):
+    """Each of these was a 200 whose output ignored the constraint (or, for the seed, a
+    silent wrap-around that vLLM refuses)."""
+    for path, body in (("/v1/chat/completions", CHAT),
+                       ("/v1/completions", {"model": MODEL, "prompt": "x"})):
+        r = await post(gateway, path, {**body, **extra})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+    assert not fake.servicer.requests
