@@ -2,7 +2,7 @@
 
 - `Guard` (the outermost middleware after CORS, whose preflights never reach it:
   gateway/http_api.py): stamps the arrival time, checks the API key (every path but the
-  operators' /health, /metrics, /metrics/workers and /version, which vLLM leaves open too, so
+  operators' /health, /ping, /metrics, /metrics/workers and /version, open in vLLM too, so
   a Prometheus scrape or a probe needs no key; `Authorization: Bearer KEY`, the scheme in any
   case, or Anthropic's `x-api-key: KEY`), bounds the body
   (Content-Length, and counted while it streams in), answers in the shape of the path's API
@@ -38,9 +38,10 @@ logger = logging.getLogger(__name__)
 
 ARRIVAL_KEY = "baton.arrival"
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-              "/v1/messages/count_tokens", "/v1/responses", "/v1/models", "/health",
+              "/v1/messages/count_tokens", "/v1/responses", "/v1/models", "/health", "/ping",
               "/metrics", "/metrics/workers", "/tokenize", "/detokenize", "/version"}
-_NOT_DRAINED = ("/health", "/metrics", "/metrics/workers", "/version")  # answered while draining
+# answered while draining
+_NOT_DRAINED = ("/health", "/ping", "/metrics", "/metrics/workers", "/version")
 _KEYLESS = _NOT_DRAINED  # answered without the API key (vLLM guards only /v1 and its siblings)
 
 

@@ -75,6 +75,8 @@ def create_app(config: GatewayConfig, prompts: PromptBuilder, prep: PrepPool,
     routes = Routes(config, prompts, relay, pool, metrics)
     # HEAD beside GET (as Starlette's plain routes do): uptime checks and `curl -I` probe with it
     app.add_api_route("/health", routes.health, methods=["GET", "HEAD"])
+    # vLLM's /ping (SageMaker's health check, GET and POST): the same answer as /health
+    app.add_api_route("/ping", routes.health, methods=["GET", "HEAD", "POST"])
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET", "HEAD"])
     app.add_api_route("/metrics/workers", routes.worker_metrics_text, methods=["GET", "HEAD"])
     app.add_api_route("/v1/models", routes.models, methods=["GET", "HEAD"])

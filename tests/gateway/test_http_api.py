@@ -256,8 +256,10 @@ async def test_api_key_guards_everything_but_the_operators_paths(prompts, fake):
     `prometheus.io/scrape` annotation asks for, sends no key); `Bearer` matches in any case."""
     async with running_gateway(prompts, [fake], api_key="sekret") as gw:
         async with httpx.AsyncClient(base_url=gw.http_url) as c:
-            for path in ("/health", "/metrics", "/metrics/workers", "/version"):
+            for path in ("/health", "/metrics", "/metrics/workers", "/version", "/ping"):
                 assert (await c.get(path)).status_code == 200, path
+            ping = await c.post("/ping")  # vLLM's SageMaker health check: GET or POST
+            assert ping.status_code == 200 and ping.json()["status"] == "ok"
             for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
                                  ("POST", "/v1/completions"), ("POST", "/tokenize"),
                                  ("GET", "/nowhere")]:
