@@ -105,7 +105,8 @@ def prepare(ctx: PrepContext, req: FrontRequest, routing: Routing) -> Prepared:
     if structured is not None:
         params.structured_output.CopyFrom(structured)
     prompts = _prompts(ctx, req, params, routing.block_size, session.session_id)
-    parsing = ToolParsing(parser, req.tool_choice.parallel) if parser else None
+    forced = req.tool_choice.mode in ("required", "named")
+    parsing = ToolParsing(parser, req.tool_choice.parallel, forced) if parser else None
     return Prepared(req.view, prompts, session, hints, parsing, bool(req.tools), req.ignored,
                     structured_param)
 

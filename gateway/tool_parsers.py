@@ -161,25 +161,53 @@ class FirstCallOnly(ToolParser):
         return self._keep(self.inner.finish())
 
 
-def make_tool_parser(name: str, parallel: bool = True) -> ToolParser:
+class ForcedCall(ToolParser):
+    """`parser` for an output the grammar forces to be one call (tool_choice "required" or
+    named: gateway/structured.py), so it holds no content: a call cut by max_tokens, which
+    `finish` would flush as text (`<tool_call>\n{"name": "`), is dropped instead; the
+    choice ends with no content and no call, and finish_reason "length" says why. Before,
+    the fragment of the format's markup reached the client as the assistant's text."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__()
+        self.inner = parser
+        self.name, self.special_markers, self.forced = \
+            parser.name, parser.special_markers, parser.forced
+
+    def feed(self, text: str) -> Fed:
+        fed = self.inner.feed(text)
+        self.calls += fed[1]
+        return fed
+
+    def finish(self) -> Fed:
+        _, calls = self.inner.finish()
+        self.calls += calls
+        return "", calls
+
+
+def make_tool_parser(name: str, parallel: bool = True, forced: bool = False) -> ToolParser:
     """A fresh parser of the named format (ValueError naming the known ones); parallel
-    False: only its first call is kept (FirstCallOnly)."""
+    False: only its first call is kept (FirstCallOnly); forced: the grammar forces a call,
+    and an unfinished one is dropped at the end, not shown as text (ForcedCall)."""
     try:
         parser = TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool-call parser {name!r}; known: "
                          f"{', '.join(sorted(TOOL_PARSERS))}") from None
+    parser = ForcedCall(parser) if forced else parser
     return parser if parallel else FirstCallOnly(parser)
 
 
 @dataclass(frozen=True)
 class ToolParsing:
-    """How a request's tool calls are parsed: the parser's `name` (TOOL_PARSERS) and whether
-    parallel calls are returned (False: the first only)."""
+    """How a request's tool calls are parsed: the parser's `name` (TOOL_PARSERS), whether
+    parallel calls are returned (False: the first only) and whether the grammar forces a
+    call (tool_choice "required" or named)."""
 
     name: str
     parallel: bool = True
+    forced: bool = False
 
     def new(self) -> ToolParser:
         """A fresh parser for one choice."""
-        return make_tool_parser(self.name, self.parallel)
+        return make_tool_parser(self.name, self.parallel, self.forced)

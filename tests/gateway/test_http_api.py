@@ -299,3 +299,30 @@ def test_finish_reason_enum_is_mapped():
     err = finished_error(decode_pb2.Finished(finish_reason=common_pb2.FINISH_REASON_ERROR,
                                              error="boom"))
     assert err.status == 500 and err.message == "boom"
+
+
+async def test_a_forced_call_cut_by_max_tokens_shows_no_markup(gateway, fake):
+    """tool_choice "required" (or named; Anthropic's "any") forces the output to be one call;
+    cut by max_tokens, the unfinished call (`<tool_call>\\n{"name": "get_wea`) reached the
+    client as the assistant's text on every API. Now the choice ends with no content and no
+    call, finish_reason "length"; under tool_choice "auto" the text is still given back."""
+    fake.servicer.behavior = Behavior(tokens=tuple(enumerate(
+        ["<tool_call>", '\n{"name": "', "get_wea", 'ther"'], start=30)))
+    body = {**CHAT, "tools": TOOLS, "tool_choice": "required", "max_tokens": 3}
+    choice = (await post(gateway, "/v1/chat/completions", body)).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert not choice["message"]["content"] and not choice["message"].get("tool_calls")
+    chunks = sse_data((await post(gateway, "/v1/chat/completions",
+                                  {**body, "stream": True})).text)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert not [t for d in deltas for t in d.get("tool_calls", [])]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    msg = (await post(gateway, "/v1/messages", {
+        "model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+        "tool_choice": {"type": "any"}})).json()
+    assert msg["stop_reason"] == "max_tokens"
+    assert not [b for b in msg["content"] if b["type"] == "text" and b["text"]]
+    auto = (await post(gateway, "/v1/chat/completions", {**body, "tool_choice": "auto"})).json()
+    assert auto["choices"][0]["message"]["content"].startswith("<tool_call>")
