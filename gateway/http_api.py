@@ -158,7 +158,8 @@ class Routes:
         view = prepared.view
         headers = self.relay.headers(prepared, self.prompts.tools_ignored)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        spec = OutputSpec(kind, rid, view.model or self.config.served_model_name,
+        # the served name, as vLLM answers, also when the request named the model's own name
+        spec = OutputSpec(kind, rid, self.config.served_model_name,
                           int(time.time()), view.n,
                           tuple(len(p.prompt_token_ids) for p in prepared.prompts),
                           view.num_logprobs, prepared.tool_parser, view.include_usage,

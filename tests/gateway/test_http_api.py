@@ -326,3 +326,21 @@ async def test_a_forced_call_cut_by_max_tokens_shows_no_markup(gateway, fake):
     assert not [b for b in msg["content"] if b["type"] == "text" and b["text"]]
     auto = (await post(gateway, "/v1/chat/completions", {**body, "tool_choice": "auto"})).json()
     assert auto["choices"][0]["message"]["content"].startswith("<tool_call>")
+
+
+async def test_answers_name_the_served_model_whichever_name_was_asked(prompts, fake):
+    """With --served-model-name, a request may still name the model's own name (as /v1/models
+    lists it under `root`), but the answer's `model` was that name: usage keyed on `model`
+    split one model in two. vLLM answers with the served name; so does Baton now."""
+    async with running_gateway(prompts, [fake], served_model_name="team/served") as gw:
+        async with httpx.AsyncClient(base_url=gw.http_url) as c:
+            for model in (MODEL, "team/served", None):
+                body = {**CHAT, "model": model}
+                chat = (await c.post("/v1/chat/completions", json=body)).json()
+                assert chat["model"] == "team/served", model
+                cmpl = (await c.post("/v1/completions",
+                                     json={"model": model, "prompt": "x"})).json()
+                assert cmpl["model"] == "team/served", model
+                streamed = sse_data((await c.post("/v1/chat/completions",
+                                                  json={**body, "stream": True})).text)
+                assert {ch["model"] for ch in streamed} == {"team/served"}
