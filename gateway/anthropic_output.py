@@ -81,8 +81,12 @@ class MessagesPresenter:
     async def collect(self, messages: AsyncIterator) -> dict:
         """The `message` body (GatewayError when the worker failed the request)."""
         content, calls, f, counted = await whole(messages, self.tool_parser)
-        blocks = ([{"type": "text", "text": content}] if content.strip() or not calls
-                  else []) + [tool_use(c) for c in calls]
+        # no empty text block (Anthropic's API never answers one and refuses one sent back:
+        # an agent appending this content to its history got a 400 on its next turn); an
+        # empty answer is `content: []`, as the stream's (no content block) already was
+        text = content.strip() or (content and not calls)
+        blocks = ([{"type": "text", "text": content}] if text else []) + \
+            [tool_use(c) for c in calls]
         return self._message(blocks, *stop(f, bool(calls)),
                              usage(f.usage, self.prompt_len, counted))
 

@@ -40,6 +40,7 @@ ARRIVAL_KEY = "baton.arrival"
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
               "/v1/messages/count_tokens", "/v1/responses", "/v1/models", "/health", "/ping",
               "/metrics", "/metrics/workers", "/tokenize", "/detokenize", "/version"}
+_MODEL_CARD = "/v1/models/{id}"  # one label for every model id (ids come from clients)
 # answered while draining
 _NOT_DRAINED = ("/health", "/ping", "/metrics", "/metrics/workers", "/version")
 _KEYLESS = _NOT_DRAINED  # answered without the API key (vLLM guards only /v1 and its siblings)
@@ -71,7 +72,8 @@ class Guard:
             return await self.app(scope, receive, send)
         scope[ARRIVAL_KEY] = time.monotonic()
         path = scope["path"]
-        endpoint = path if path in _ENDPOINTS else "other"
+        endpoint = path if path in _ENDPOINTS else \
+            _MODEL_CARD if path.startswith("/v1/models/") else "other"
         counted_send = self._counting_send(send, endpoint)
         headers = dict(scope["headers"])
         if self._key is not None and path not in _KEYLESS and not self._authorized(headers):

@@ -230,6 +230,8 @@ async def test_models_health_metrics(gateway):
     for name in ("baton_gateway_ttft_seconds_bucket", "baton_gateway_itl_seconds_bucket",
                  "baton_gateway_e2e_seconds_count", "baton_gateway_routing_decisions_total",
                  'baton_gateway_requests_total{endpoint="/v1/chat/completions",status="200"}',
+                 'baton_gateway_requests_total{endpoint="/v1/models/{id}",status="404"}',
+                 'baton_gateway_requests_total{endpoint="/v1/models/{id}",status="200"}',
                  'baton_gateway_errors_total{status="404",where="response"}',
                  'baton_gateway_healthy_workers{role="decode"} 1.0'):
         assert name in text, name

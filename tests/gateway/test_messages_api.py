@@ -290,3 +290,16 @@ async def test_a_max_tokens_past_the_context_is_cut_to_the_room_left(client, fak
     req = fake.servicer.requests[-1]
     assert m.stop_reason == "end_turn"
     assert req.sampling_params.max_tokens == 1024 - len(req.prompt_token_ids)
+
+
+async def test_an_empty_answer_has_no_empty_text_block(client):
+    """A stop sequence that matches at once (or a forced tool call cut by max_tokens) left
+    nothing to say: the body held `{"type": "text", "text": ""}`, a block Anthropic's API
+    never answers and Baton itself refuses when an agent sends its history back (400 "text
+    content blocks must be non-empty"). Now `content: []`, as the stream already gave."""
+    m = await client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                     stop_sequences=["Hello"])
+    assert m.content == [] and m.stop_reason == "stop_sequence"
+    async with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK,
+                                      stop_sequences=["Hello"]) as stream:
+        assert (await stream.get_final_message()).content == []
