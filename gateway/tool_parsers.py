@@ -137,10 +137,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
 
 
-class FirstCallOnly(ToolParser):
-    """`parser`, keeping only the first tool call of the output: the request said
-    `parallel_tool_calls: false` (OpenAI) or `disable_parallel_tool_use: true` (Anthropic).
-    Later calls are dropped, text and all; content is passed through (what vLLM does)."""
+class _Wrapped(ToolParser):
+    """Another parser's output, passed through `_pass` (at the end of output `end` is True);
+    the wrapper takes the inner parser's format attributes and keeps its own `calls`."""
 
     def __init__(self, parser: ToolParser) -> None:
         super().__init__()
@@ -148,41 +147,39 @@ class FirstCallOnly(ToolParser):
         self.name, self.special_markers, self.forced = \
             parser.name, parser.special_markers, parser.forced
 
-    def _keep(self, fed: Fed) -> Fed:
-        text, calls = fed
-        calls = calls[:max(0, 1 - len(self.calls))]
-        self.calls += calls
-        return text, calls
+    def _pass(self, fed: Fed, end: bool) -> Fed:
+        raise NotImplementedError
 
     def feed(self, text: str) -> Fed:
-        return self._keep(self.inner.feed(text))
+        return self._record(self._pass(self.inner.feed(text), end=False))
 
     def finish(self) -> Fed:
-        return self._keep(self.inner.finish())
+        return self._record(self._pass(self.inner.finish(), end=True))
+
+    def _record(self, fed: Fed) -> Fed:
+        self.calls += fed[1]
+        return fed
 
 
-class ForcedCall(ToolParser):
+class FirstCallOnly(_Wrapped):
+    """`parser`, keeping only the first tool call of the output: the request said
+    `parallel_tool_calls: false` (OpenAI) or `disable_parallel_tool_use: true` (Anthropic).
+    Later calls are dropped, text and all; content is passed through (what vLLM does)."""
+
+    def _pass(self, fed: Fed, end: bool) -> Fed:
+        text, calls = fed
+        return text, calls[:max(0, 1 - len(self.calls))]
+
+
+class ForcedCall(_Wrapped):
     """`parser` for an output the grammar forces to be one call (tool_choice "required" or
     named: gateway/structured.py), so it holds no content: a call cut by max_tokens, which
     `finish` would flush as text (`<tool_call>\n{"name": "`), is dropped instead; the
     choice ends with no content and no call, and finish_reason "length" says why. Before,
     the fragment of the format's markup reached the client as the assistant's text."""
 
-    def __init__(self, parser: ToolParser) -> None:
-        super().__init__()
-        self.inner = parser
-        self.name, self.special_markers, self.forced = \
-            parser.name, parser.special_markers, parser.forced
-
-    def feed(self, text: str) -> Fed:
-        fed = self.inner.feed(text)
-        self.calls += fed[1]
-        return fed
-
-    def finish(self) -> Fed:
-        _, calls = self.inner.finish()
-        self.calls += calls
-        return "", calls
+    def _pass(self, fed: Fed, end: bool) -> Fed:
+        return ("", fed[1]) if end else fed
 
 
 def make_tool_parser(name: str, parallel: bool = True, forced: bool = False) -> ToolParser:
