@@ -15,7 +15,9 @@ Two stages per token, each O(window):
    Decoding with a little context keeps tokenizers that strip or merge at the start of a
    decode (SentencePiece's leading space) right. If new_text ends in U+FFFD, a byte-level
    BPE token split a multi-byte character and the delta is held until the character
-   completes (at most `_MAX_PENDING_TOKENS` tokens; past that the U+FFFD is real).
+   completes (at most `_MAX_PENDING_TOKENS` tokens; past that the U+FFFD is real). A
+   character still incomplete when the request ends (max_tokens cut it) is dropped, as vLLM's
+   detokenizers drop it: the text never ends in a U+FFFD that only stands for missing bytes.
 
 2. Stop strings. Text that could be the start of a stop string (the longest suffix that is a
    proper prefix of one, so at most len(longest stop) - 1 characters) is held back. A stop
@@ -82,8 +84,9 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """End of the request (eos or length): return everything still held back.
 
-        Any incomplete character is decoded as U+FFFD, as a full decode would. A stop string
-        completed by that last fragment still cuts the text.
+        A character the last tokens left incomplete is dropped (module docstring); held
+        bytes that were never going to complete within `_MAX_PENDING_TOKENS` would have been
+        released already. A stop string completed by that last fragment still cuts the text.
         """
         if self.finished:
             return ""
@@ -107,8 +110,10 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._window)
         pending = len(self._window) - self._read
         incomplete = new_text.endswith("\ufffd") or len(new_text) <= len(prefix_text)
-        if incomplete and not force and pending < _MAX_PENDING_TOKENS:
-            return ""
+        if incomplete and pending < _MAX_PENDING_TOKENS:
+            if not force:
+                return ""
+            new_text = new_text.removesuffix("\ufffd")  # the end of the request cut it
         self._window = self._window[self._read:]  # the emitted ids become the next context
         self._read = len(self._window)
         return new_text[len(prefix_text):]
