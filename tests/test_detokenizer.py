@@ -158,19 +158,19 @@ def test_flush_releases_a_held_stop_prefix(tok):
     assert detok.flush() == "ag" and detok.flush() == ""
 
 
-def test_stop_strings_ignored_before_min_tokens(tok):
+@pytest.mark.parametrize("step", [1, 3, 100])
+def test_stop_strings_ignored_before_min_tokens(tok, step):
+    """vLLM's rule (v1/engine/detokenizer.py): a stop string stops the request only when it
+    ends in the text of an output token past the first min_tokens, also when one update
+    brings several tokens (speculative decoding)."""
     text = "ab ab ab ab"
     ids = tok.encode(text)
-    assert ids[:len(tok.encode("ab ab"))] == tok.encode("ab ab")
-    # The second "ab" completes with token number len(encode("ab ab")): too early by one.
-    params = SamplingParams(stop=["ab"], min_tokens=len(tok.encode("ab ab")) + 1)
-    deltas, _, found = _stream(tok, ids, params)
-    assert found == "ab"
-    assert "".join(deltas) == "ab ab "
-    # At exactly min_tokens tokens a stop string counts.
-    params = SamplingParams(stop=["ab"], min_tokens=len(tok.encode("ab ab")))
-    deltas, _, found = _stream(tok, ids, params)
-    assert found == "ab" and "".join(deltas) == "ab "
+    n = len(tok.encode("ab ab"))  # token number n (1-based) completes the second "ab"
+    assert ids[:n] == tok.encode("ab ab")
+    for min_tokens, streamed in ((n - 1, "ab "), (n, "ab ab "), (n + 1, "ab ab ")):
+        params = SamplingParams(stop=["ab"], min_tokens=min_tokens)
+        deltas, _, found = _stream(tok, ids, params, step=step)
+        assert found == "ab" and "".join(deltas) == streamed, min_tokens
 
 
 def test_stop_on_the_first_token_and_multi_token_updates(tok):

@@ -77,9 +77,14 @@ class IncrementalDetokenizer:
         """Add the newly sampled token ids; return the text that is now safe to stream."""
         if self.finished:
             raise RuntimeError("update() after the request finished (stop string or flush)")
-        text = "".join(self._decode_next(t) for t in new_token_ids)
+        texts = [self._decode_next(t) for t in new_token_ids]
+        before = self.num_output_tokens
         self.num_output_tokens += len(new_token_ids)
-        return self._accept(text, check_stop=self.num_output_tokens >= self._min_tokens)
+        # vLLM's min_tokens rule for stop strings: only one that ends in the text of an
+        # output token past the first min_tokens stops the request
+        shielded = min(max(0, self._min_tokens - before), len(texts))
+        stop_from = len("".join(texts[:shielded])) if shielded < len(texts) else None
+        return self._accept("".join(texts), stop_from)
 
     def flush(self) -> str:
         """End of the request (eos or length): return everything still held back.
@@ -91,7 +96,7 @@ class IncrementalDetokenizer:
         if self.finished:
             return ""
         text = self._decode_window(force=True)
-        delta, _ = self._accept(text, check_stop=self.num_output_tokens >= self._min_tokens)
+        delta, _ = self._accept(text, 0 if self.num_output_tokens > self._min_tokens else None)
         delta += self._held
         self._released.append(self._held)
         self._held = ""
@@ -121,11 +126,12 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
-    def _accept(self, text: str, check_stop: bool) -> DetokenizerUpdate:
-        """Append decoded `text` after the held text; cut at a stop string; hold a suffix."""
+    def _accept(self, text: str, stop_from: int | None) -> DetokenizerUpdate:
+        """Append decoded `text` after the held text; cut at a stop string that ends at or
+        after text[stop_from] (None: none may stop the request yet); hold a suffix."""
         candidate = self._held + text
-        if check_stop and text:
-            found = self._find_stop(candidate, len(self._held))
+        if stop_from is not None and text[stop_from:]:
+            found = self._find_stop(candidate, len(self._held) + stop_from)
             if found is not None:
                 stop, start = found
                 end = start + len(stop) if self._include_stop else start
