@@ -2,6 +2,7 @@
 an echoed prompt's), tool calls parsed from the text, finish reason (gateway/responses.py)."""
 from __future__ import annotations
 
+from gateway.logprobs_output import TextOffsets
 from gateway.tool_calls import ParsedToolCall
 from gateway.tool_parsers import ToolParsing
 from protos import common_pb2
@@ -24,6 +25,7 @@ class Choice:
         self.stop_reason: str | int | None = None
         self.head: int | None = None  # the echoed prompt's first token (logprobs: null)
         self.prompt_lps: list[common_pb2.TokenLogprobs] = []
+        self.text_offsets = TextOffsets()  # a stream's legacy text_offset, across chunks
 
     def new_logprobs(self, spec, t) -> list:
         """The logprobs TokenChunk `t` adds (spec: the OutputSpec) to the choice (call before counting its tokens):

@@ -14,6 +14,7 @@ A logprob of -inf is written -9999.0 (JSON has no infinity; vLLM's value).
 """
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 
 TokenText = Callable[[int], str]
@@ -44,12 +45,33 @@ def _chat_entry(lp, token_text: TokenText) -> dict:
                               "bytes": _bytes(token_text, x.token_id)} for x in lp.top]}
 
 
-def completion_logprobs(lps: Sequence, token_text: TokenText, offset: int = 0,
-                        head: int | None = None) -> dict:
+class TextOffsets:
+    """Where each token of one choice starts in its text (the legacy `text_offset`), in
+    characters: the UTF-8 decode of the tokens' bytes so far, a character counted once it
+    is complete, as the streamed text counts it. Counting each token's own text instead
+    counted a token inside a character as one character (its U+FFFD), so a non-ASCII text's
+    later offsets ran past the characters they name. Keep one per choice across a stream's
+    chunks (a character can span two chunks)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.offset = start
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def next(self, raw: bytes) -> int:
+        """The offset of the token whose bytes are `raw`; counts them for the next one."""
+        at = self.offset
+        self.offset += len(self._utf8.decode(raw))
+        return at
+
+
+def completion_logprobs(lps: Sequence, token_text: TokenText,
+                        offsets: TextOffsets | None = None, head: int | None = None) -> dict:
     """Completions' legacy `logprobs` of some tokens (TokenLogprobs messages); text offsets
-    from `offset` on. head: an echoed prompt's first token id, which has no logprob (its
-    entry comes first, with nulls)."""
-    tokens, token_logprobs, tops, offsets = [], [], [], []
+    from `offsets` (TextOffsets; a new one from 0 when None). head: an echoed prompt's
+    first token id, which has no logprob (its entry comes first, with nulls)."""
+    offsets = TextOffsets() if offsets is None else offsets
+    tokens, token_logprobs, tops, text_offset = [], [], [], []
+    ids = ([head] if head is not None else []) + [lp.token_id for lp in lps]
     if head is not None:
         tokens.append(token_text(head))
         token_logprobs.append(None)
@@ -60,11 +82,10 @@ def completion_logprobs(lps: Sequence, token_text: TokenText, offset: int = 0,
         top = {tokens[-1]: token_logprobs[-1]}
         top.update((token_text(t.token_id), _finite(t.logprob)) for t in lp.top)
         tops.append(top)
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t)
+    for token_id in ids:
+        text_offset.append(offsets.next(bytes(_bytes(token_text, token_id))))
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
-            "text_offset": offsets}
+            "text_offset": text_offset}
 
 
 def prompt_logprobs_field(lps: Sequence, token_text: TokenText) -> list:

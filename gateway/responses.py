@@ -235,8 +235,7 @@ def _chunk_logprobs(spec: OutputSpec, c: Choice, lps: list, token_text: TokenTex
         return None
     if spec.chat:
         return chat_logprobs(lps, token_text)
-    return completion_logprobs(lps, token_text, 0 if first else sum(map(len, c.text)),
-                               head=c.head if first else None)
+    return completion_logprobs(lps, token_text, c.text_offsets, head=c.head if first else None)
 
 
 def _delta(spec: OutputSpec, c: Choice, text: str, calls: list[ParsedToolCall], base: int,
