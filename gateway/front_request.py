@@ -82,7 +82,8 @@ class RequestView:
     """The body fields the event loop reads once the request is prepared; echo: each prompt's
     text, put before its choices' (completions' `echo`; echo_only: nothing else);
     prompt_logprobs: answer vLLM's `prompt_logprobs` field; continuous_usage: usage on every
-    chunk of a stream (vLLM's stream_options.continuous_usage_stats, with include_usage)."""
+    chunk of a stream (vLLM's stream_options.continuous_usage_stats, with include_usage);
+    role: the answer's (OutputSpec.role)."""
 
     model: str
     n: int
@@ -93,6 +94,7 @@ class RequestView:
     echo_only: bool = False
     prompt_logprobs: bool = False
     continuous_usage: bool = False
+    role: str = "assistant"
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ class Routes:
                           num_prompts=len(prepared.prompts), echo=view.echo,
                           echo_only=view.echo_only, prompt_logprobs=view.prompt_logprobs,
                           prompt_heads=tuple(p.prompt_token_ids[0] for p in prepared.prompts),
-                          continuous_usage=view.continuous_usage)
+                          continuous_usage=view.continuous_usage, role=view.role)
         presenter = OpenAIPresenter(spec, self.prompts.token_text)
         return await self.relay.respond(request, prepared, rid, presenter, headers)
 

@@ -85,7 +85,11 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
         tool_choice=field_errors(body.tool_choice_spec),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),
         ignored=_ignored(body), names=body.field_names())
-    return prepare(ctx, front, routing)
+    prepared = prepare(ctx, front, routing)
+    if body.add_generation_prompt or not messages:
+        return prepared
+    # vLLM's rule: without a generation prompt the answer goes on in the last message's role
+    return replace(prepared, view=replace(prepared.view, role=messages[-1]["role"]))
 
 
 def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:

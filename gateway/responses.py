@@ -37,7 +37,9 @@ class OutputSpec:
     each prompt's text when completions echo it; echo_only: nothing else (max_tokens 0).
     prompt_heads: each prompt's first token id (echoed logprobs start with it);
     prompt_logprobs: add vLLM's `prompt_logprobs` field; continuous_usage: a stream's every
-    chunk carries its choice's usage so far (vLLM's stream_options.continuous_usage_stats)."""
+    chunk carries its choice's usage so far (vLLM's stream_options.continuous_usage_stats).
+    role: the answer's role, "assistant" unless a chat without a generation prompt continues
+    another role's last message (vLLM's rule)."""
 
     kind: str
     response_id: str
@@ -54,6 +56,7 @@ class OutputSpec:
     prompt_heads: tuple[int, ...] = ()
     prompt_logprobs: bool = False
     continuous_usage: bool = False
+    role: str = "assistant"
 
     @property
     def echo_logprobs(self) -> bool:
@@ -164,7 +167,7 @@ def _final_choice(spec: OutputSpec, c: Choice, token_text: TokenText) -> dict:
         if spec.prompt_logprobs:
             out["prompt_logprobs"] = prompt_logprobs_field(c.prompt_lps, token_text)
         return out
-    message: dict = {"role": "assistant", "content": text}
+    message: dict = {"role": spec.role, "content": text}
     if c.tool_calls:
         message["content"] = text.strip() or None
         message["tool_calls"] = [t.to_openai() for t in c.tool_calls]
@@ -183,7 +186,7 @@ async def sse_events(spec: OutputSpec, messages: AsyncIterator,
     if spec.chat:  # one role chunk per choice (as OpenAI and vLLM send them), written with
         # the first token
         chunk.pending = b"".join(
-            chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+            chunk([{"index": c.index, "delta": {"role": spec.role, "content": ""},
                     "logprobs": None, "finish_reason": None}], spec.running_usage(c))
             for c in choices)
     usages: dict[int, common_pb2.Usage] = {}

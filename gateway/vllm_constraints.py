@@ -32,7 +32,8 @@ def refuse_unsupported(extra: dict[str, Any]) -> None:
     Baton does not enforce; `extra` is the request's unknown fields (pydantic model_extra)."""
     for name in _UNSUPPORTED:
         if extra.get(name) not in (None, False, "", [], {}):
-            raise RequestError(f"`{name}` is not supported by this server ({_USE}).", name)
+            why = "it samples; it has no beam search" if name == "use_beam_search" else _USE
+            raise RequestError(f"`{name}` is not supported by this server ({why}).", name)
 
 
 def structured_outputs_format(value: Any, response_format: OutputFormat | None

@@ -221,6 +221,23 @@ async def test_continue_final_message_continues_the_assistant_text(gateway, fake
     assert tok.json()["tokens"] == list(sent)
 
 
+async def test_without_a_generation_prompt_the_answer_takes_the_last_messages_role(gateway,
+                                                                                   fake):
+    """vLLM's get_chat_request_role: add_generation_prompt false answers in the last
+    message's role (a continued user message is the user's), streamed or not."""
+    for last, role in (("user", "user"), ("assistant", "assistant")):
+        chat = [{"role": "user", "content": "Hi"}, {"role": last, "content": "Well"}]
+        body = {"model": MODEL, "messages": chat, "continue_final_message": True,
+                "add_generation_prompt": False}
+        r = await post(gateway, "/v1/chat/completions", body)
+        assert r.json()["choices"][0]["message"]["role"] == role, r.text
+        r = await post(gateway, "/v1/chat/completions", {**body, "stream": True})
+        assert f'"delta":{{"role":"{role}"' in r.text.replace(" ", ""), r.text
+    r = await post(gateway, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
 # ---- ignored fields ----------------------------------------------------------------------
 async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
     body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},

@@ -167,4 +167,6 @@ async def test_vllm_constraints_baton_does_not_enforce_are_400(gateway, fake, ex
         r = await post(gateway, path, {**body, **extra})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param, r.text
+        if param == "use_beam_search":  # not the structured outputs' explanation
+            assert "no beam search" in r.json()["error"]["message"], r.text
     assert not fake.servicer.requests
