@@ -191,7 +191,7 @@ def _prompts(ctx: PrepContext, req: FrontRequest, params: common_pb2.SamplingPar
     out = []
     for i, ids_fn in enumerate(fns):
         try:
-            ids = ids_fn()
+            ids = truncated(ids_fn(), req.truncate_prompt_tokens, prompts.max_model_len)
             p = finished_params(params, len(ids), prompts.max_model_len, prompts.vocab_size,
                                 req.names)
         except (PromptError, RequestError) as e:
@@ -201,6 +201,20 @@ def _prompts(ctx: PrepContext, req: FrontRequest, params: common_pb2.SamplingPar
         hashes = ctx.hashes.hashes(ids, block_size, session_id) if block_size else []
         out.append(PreparedPrompt(ids, p, hashes))
     return out
+
+
+def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` token ids (-1: the context
+    length; None: all), taken after the chat template. RequestError for 0, or for more than
+    the context holds (vLLM's check)."""
+    if keep is None:
+        return ids
+    keep = max_model_len if keep == -1 else keep
+    if not 1 <= keep <= max_model_len:
+        raise RequestError(f"truncate_prompt_tokens ({keep}) must be -1 or between 1 and the "
+                           f"maximum context length ({max_model_len}).",
+                           "truncate_prompt_tokens")
+    return ids[-keep:]
 
 
 def _completion_ids(ctx: PrepContext, prompt: str | list[int], session_id: str,

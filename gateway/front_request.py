@@ -102,7 +102,8 @@ class FrontRequest:
     """One request of any front, its wire shape translated. prompt: a chat, or completion
     prompts (text or token ids). params: every sampling field the wire set (max_tokens unset:
     the room left in the context). structured_output: a grammar the client sent itself
-    (gRPC), checked here."""
+    (gRPC), checked here. truncate_prompt_tokens: vLLM's, keep each prompt's last k tokens
+    (-1: the context length; front_door.truncated)."""
 
     model: str | None
     prompt: ChatPrompt | tuple[str | list[int], ...]
@@ -115,3 +116,4 @@ class FrontRequest:
     sessions: SessionSources = SessionSources()
     ignored: tuple[str, ...] = ()
     names: FieldNames = field(default_factory=FieldNames)
+    truncate_prompt_tokens: int | None = None

@@ -84,7 +84,8 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
         field_errors(body.wire_params), body.view(), tools=body.tool_specs(),
         tool_choice=field_errors(body.tool_choice_spec),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),
-        ignored=_ignored(body), names=body.field_names())
+        ignored=_ignored(body), names=body.field_names(),
+        truncate_prompt_tokens=body.truncate_prompt_tokens)
     prepared = prepare(ctx, front, routing)
     if body.add_generation_prompt or not messages:
         return prepared
@@ -100,7 +101,8 @@ def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepar
     front = FrontRequest(
         body.model, prompts, field_errors(body.wire_params), body.view(),
         output_format=field_errors(body.output_format), sessions=body.session_sources(),
-        ignored=_ignored(body), names=_COMPLETION_NAMES)
+        ignored=_ignored(body), names=_COMPLETION_NAMES,
+        truncate_prompt_tokens=body.truncate_prompt_tokens)
     prepared = prepare(ctx, front, routing)
     if not body.echo:
         return prepared

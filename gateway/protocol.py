@@ -140,6 +140,8 @@ class _Generation(Request):
     # vLLM's: the prompt tokens' logprobs, each with its top k (-1, the whole vocabulary,
     # is refused); computed by the decode worker over the whole prompt, no cache read.
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's: keep only the prompt's last k tokens (-1: the context length); front_door.py
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     def check(self) -> None:
         """Checks across fields, made after parsing (RequestError naming the field)."""

@@ -238,6 +238,33 @@ async def test_without_a_generation_prompt_the_answer_takes_the_last_messages_ro
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+async def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(gateway, fake):
+    """vLLM's truncate_prompt_tokens (it was ignored: the whole prompt was served, and a
+    prompt over the context was a 400 that the field exists to avoid)."""
+    ids = gateway.prompts.text_token_ids("one two three four five six")
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ids,
+                                                "truncate_prompt_tokens": 2})
+    assert r.status_code == 200 and HEADER not in r.headers, r.text
+    assert list(fake.servicer.requests[-1].prompt_token_ids) == ids[-2:]
+    assert r.json()["usage"]["prompt_tokens"] == 2
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}]}
+    r = await post(gateway, "/v1/chat/completions", {**chat, "truncate_prompt_tokens": 3})
+    whole = gateway.prompts.chat_token_ids(chat["messages"], None, True)
+    assert list(fake.servicer.requests[-1].prompt_token_ids) == whole[-3:]
+    too_long = [ids[0]] * (gateway.prompts.max_model_len + 10)
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": too_long,
+                                                "max_tokens": 4, "truncate_prompt_tokens": 8})
+    assert r.status_code == 200, r.text
+    assert len(fake.servicer.requests[-1].prompt_token_ids) == 8
+    r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": too_long,
+                                                "max_tokens": 4, "truncate_prompt_tokens": -1})
+    assert r.status_code == 400, r.text  # the whole context leaves no room for max_tokens
+    for bad in (0, -2, gateway.prompts.max_model_len + 1, "x"):
+        r = await post(gateway, "/v1/completions", {"model": MODEL, "prompt": ids,
+                                                    "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 # ---- ignored fields ----------------------------------------------------------------------
 async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
     body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},
