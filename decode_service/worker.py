@@ -73,8 +73,22 @@ class DecodeWorker:
                     yield resp
             for resp in builder.finish():
                 yield resp
+        except BaseException:
+            # The call ended early (the client left, a deadline, an error): stop every
+            # choice admitted so far. merge_outputs aborts only once it runs, so a call
+            # cancelled while choice k of n was being admitted left choices 0..k-1
+            # generating to max_tokens, unreachable by Abort once the job is gone.
+            job.abort()
+            self.ctx.spawn(self._stop(job), job.request_id)
+            raise
         finally:
             del self.jobs[job.request_id]
+
+    async def _stop(self, job: Job) -> None:
+        """Stop every sequence of an aborted job (each frees its blocks once no transfer can
+        write into them)."""
+        timeout = self.config.abort_timeout_seconds + 1.0
+        await asyncio.gather(*(seq.stop(timeout) for seq in list(job.sequences)))
 
     async def _admit(self, job: Job, peer: PrefillPeer | None,
                      min_remote: int | None) -> None:
@@ -137,8 +151,7 @@ class DecodeWorker:
         if job is None:
             return False
         job.abort()
-        timeout = self.config.abort_timeout_seconds + 1.0
-        await asyncio.gather(*(seq.stop(timeout) for seq in list(job.sequences)))
+        await self._stop(job)
         return True
 
     async def drain(self, timeout_s: float) -> None:

@@ -12,7 +12,7 @@ import pytest
 from baton.sampling_params import SamplingParams
 from baton.transfer import KVSender
 from prefill_service.sequence import PrefillState
-from protos import common_pb2
+from protos import common_pb2, decode_pb2
 from tests.services.helpers import pools_whole, request
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -150,3 +150,33 @@ async def test_generate_call_deadline_frees(whole, monkeypatch):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         [m async for m in call]
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_cancel_while_admitting_a_later_choice_stops_the_earlier_ones(whole, monkeypatch):
+    """n > 1: a client leaving while choice 1 is being admitted (choice 0 already in the
+    engine) stops choice 0 too; it used to generate on to max_tokens, out of reach of Abort."""
+    from decode_service.sequence import DecodeSequence
+
+    prefill, decode, client = whole
+    real, blocked = DecodeSequence.admit, asyncio.Event()
+
+    async def admit(self, peer, min_remote_tokens):
+        if self.index == 1:
+            blocked.set()
+            await asyncio.sleep(60)  # the call is cancelled here
+        return await real(self, peer, min_remote_tokens)
+
+    monkeypatch.setattr(DecodeSequence, "admit", admit)
+    many = SamplingParams(temperature=0.8, n=2, max_tokens=700, ignore_eos=True)
+    local = decode_pb2.PREFILL_MODE_LOCAL
+    call = client.decode.Generate(request(prompt_of(40, 7), many, rid="n2-cancel",
+                                          prefill_mode=local), timeout=30)
+    await wait_for(blocked.is_set)
+    first = decode.worker.jobs["n2-cancel"].sequences[0]
+    assert first.engine_request is not None  # in the engine, generating
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call.read()
+    await wait_for(lambda: decode.engine.num_unfinished_requests == 0)
+    assert len(first.engine_request.output_token_ids) < 700  # stopped, not run to the end
+    await pools_whole(prefill, decode)
