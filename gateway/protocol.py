@@ -11,7 +11,7 @@ are bounded by gateway/limits.py.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -121,7 +121,9 @@ class _Generation(Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=UINT32_MAX)
-    stop_token_ids: list[int] | None = None
+    # ids past int32 are no token of any model (and the workers' wire is int32); the
+    # vocabulary is checked in gateway/sampling.py
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None

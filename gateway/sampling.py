@@ -117,6 +117,8 @@ def logit_bias_entries(bias: dict[str, float] | None, param: str = "logit_bias"
     for key, value in (bias or {}).items():
         if not (key.isascii() and key.isdigit()):
             raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param)
+        if int(key) > INT32_MAX:  # past any vocabulary, and past the wire's int32
+            raise RequestError(f"logit_bias key {key} is not a token id of this model", param)
         if int(key) in out:
             raise RequestError(f"logit_bias lists token id {int(key)} twice", param)
         out[int(key)] = value

@@ -176,10 +176,14 @@ async def test_stop_token_ids_outside_the_vocabulary_are_a_400(gateway, fake, pr
     """An id the model cannot sample was accepted and could never stop anything; vLLM
     answers 400. Ids inside the vocabulary still reach the worker."""
     sent, vocab = len(fake.servicer.requests), prompts.vocab_size
-    for bad in ([vocab], [-1], [2, vocab + 100]):
-        r = await post(gateway, "/v1/chat/completions", {**CHAT, "stop_token_ids": bad})
-        assert r.status_code == 400, (bad, r.text)
-        assert r.json()["error"]["param"] == "stop_token_ids"
+    for bad in ([vocab], [-1], [2, vocab + 100], [10**10]):  # 10**10: a 500 (int32 wire)
+        for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
+            r = await post(gateway, path, {**body, "stop_token_ids": bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert r.json()["error"]["param"].startswith("stop_token_ids")  # [i]: which
+    for key in (str(2**31), str(2**40)):  # past the int32 wire: a 500
+        r = await post(gateway, "/v1/completions", {**COMPLETION, "logit_bias": {key: 1}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
     assert len(fake.servicer.requests) == sent
     r = await post(gateway, "/v1/chat/completions", {**CHAT, "stop_token_ids": [vocab - 1]})
     assert r.status_code == 200, r.text
