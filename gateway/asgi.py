@@ -84,16 +84,36 @@ class Guard:
         if length.isdigit() and int(length) > self._max_body:
             return await _json(counted_send, 413, self.too_large_body(path))
         if path in _NOT_DRAINED:
-            return await self.app(scope, self._bounded_receive(receive), counted_send)
+            return await self._serve(scope, receive, counted_send)
         if self._drain.draining:
             error = shutting_down()
             return await _json(counted_send, 503, error_body_for(
                 path, 503, error.message, code=error.code), error.headers())
         self._drain.enter()
         try:
-            await self.app(scope, self._bounded_receive(receive), counted_send)
+            await self._serve(scope, receive, counted_send)
         finally:
             self._drain.leave()
+
+    async def _serve(self, scope, receive, send) -> None:
+        """The app; a bug's exception becomes a 500 in the path's API shape, logged, and goes
+        no further: re-raised (as Starlette's ServerErrorMiddleware does after its handler
+        answered), the server closed the connection, and the client's next request on it
+        failed with a reset."""
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, self._bounded_receive(receive), tracked)
+        except Exception as e:
+            logger.exception("internal error on %s", scope["path"])
+            if started:  # nothing more can be said on this response
+                raise
+            await _json(send, 500, error_body_for(scope["path"], 500,
+                                                  f"internal error: {type(e).__name__}"))
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         """The key came as `Authorization: Bearer KEY` (gateway/api_key.py) or as

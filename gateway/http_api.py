@@ -39,7 +39,7 @@ from starlette.middleware.cors import CORSMiddleware
 from gateway.asgi import Guard
 from gateway.config import GatewayConfig
 from gateway.dispatch import Dispatcher
-from gateway.drain import Drain
+from gateway.drain import Drain, shutting_down
 from gateway.errors import GatewayError, error_body_for, status_phrase
 from gateway.ignored_fields import IgnoredFieldLog
 from gateway.messages_api import MessagesRoutes
@@ -106,8 +106,10 @@ class Routes:
                          "total": len(self.pool.workers[role])} for role in (DECODE, PREFILL)}
         ok = counts[DECODE]["healthy"] > 0 and not drain.draining
         status = "draining" if drain.draining else "ok" if ok else "unavailable"
+        # draining: Retry-After, as the refused requests get it (the README's promise)
         return JSONResponse({"status": status, "workers": counts},
-                            status_code=200 if ok else 503)
+                            status_code=200 if ok else 503,
+                            headers=shutting_down().headers() if drain.draining else None)
 
     async def metrics_text(self) -> Response:
         """The gateway's own series, then the workers' `vllm:*` series (a `worker` and a
@@ -195,8 +197,3 @@ def _add_error_handlers(app: FastAPI) -> None:
                                            code=_HTTP_CODES.get(e.status_code)),
                             status_code=e.status_code, headers=e.headers)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(error_body_for(request.url.path, 500,
-                                           f"internal error: {type(e).__name__}"),
-                            status_code=500)

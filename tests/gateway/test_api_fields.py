@@ -265,6 +265,29 @@ async def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(gateway, fak
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
 
 
+async def test_a_bug_is_a_500_in_the_api_shape_and_the_connection_serves_on(prompts, fake,
+                                                                            monkeypatch,
+                                                                            caplog):
+    """An exception no handler knows is logged and answered 500; it no longer goes on to the
+    server, which closed the connection (the client's next request on it got a reset)."""
+    from gateway.http_api import Routes
+
+    async def broken(self):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(Routes, "models", broken)
+    async with running_gateway(prompts, [fake]) as gw:
+        async with httpx.AsyncClient(base_url=gw.http_url) as c:
+            for _ in range(3):
+                r = await c.get("/v1/models")
+                assert r.status_code == 500, r.text
+                assert r.json()["error"] == {"message": "internal error: ValueError",
+                                             "type": "server_error", "param": None,
+                                             "code": None}
+                assert (await c.get("/health")).status_code == 200
+    assert "internal error on /v1/models" in caplog.text
+
+
 # ---- ignored fields ----------------------------------------------------------------------
 async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
     body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},

@@ -46,6 +46,7 @@ def _data(lines: list[str]) -> list[str]:
 async def _assert_refuses_new_work(client: httpx.AsyncClient) -> None:
     health = await client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "draining"
+    assert health.headers["Retry-After"] == "1"  # as the README says (it had none)
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "shutting_down"
