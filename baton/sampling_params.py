@@ -205,3 +205,5 @@ def _check_number(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a number, got {value!r}")
     if value != value:  # NaN compares false with everything and would slip through
         raise ValueError(f"{name} must not be NaN")
+    if value in (float("inf"), float("-inf")):  # e.g. temperature inf: a uniform draw
+        raise ValueError(f"{name} must be finite, got {value}")

@@ -46,7 +46,7 @@ def prepare_grpc(ctx: PrepContext, data: bytes, routing: Routing) -> Prepared:
     tools: tuple[ToolSpec, ...] = ()
     choice = ToolChoice()
     if kind == "chat":
-        prompt = ChatPrompt([_message(m) for m in request.chat.messages])
+        prompt = ChatPrompt([_message(m, i) for i, m in enumerate(request.chat.messages)])
         tools = tuple(_tool(t, i) for i, t in enumerate(request.chat.tools))
         choice = _tool_choice(request.chat.tool_choice, not request.chat.HasField(
             "parallel_tool_calls") or request.chat.parallel_tool_calls)
@@ -71,7 +71,14 @@ def prepare_grpc(ctx: PrepContext, data: bytes, routing: Routing) -> Prepared:
     return prepare(ctx, front, routing)
 
 
-def _message(m: gateway_pb2.ChatMessage) -> dict:
+_ROLES = ("system", "developer", "user", "assistant", "tool")  # gateway.proto's, as HTTP's
+
+
+def _message(m: gateway_pb2.ChatMessage, index: int) -> dict:
+    if m.role not in _ROLES:
+        raise GatewayError(400, f"chat.messages[{index}].role must be one of {list(_ROLES)}, "
+                                f"got {m.role!r}", param=f"chat.messages[{index}].role",
+                           code="invalid_request")
     out: dict = {"role": m.role, "content": m.content if m.HasField("content") else None}
     if m.name:
         out["name"] = m.name
@@ -86,6 +93,9 @@ def _message(m: gateway_pb2.ChatMessage) -> dict:
 
 def _tool(t: gateway_pb2.ToolDefinition, index: int) -> ToolSpec:
     param = f"chat.tools[{index}].parameters_json"
+    if not t.name:
+        raise GatewayError(400, f"chat.tools[{index}].name is required",
+                           param=f"chat.tools[{index}].name", code="invalid_request")
     try:
         parameters = json.loads(t.parameters_json) if t.parameters_json else {}
     except json.JSONDecodeError as e:

@@ -81,6 +81,18 @@ async def test_chat_and_token_prompts(stub, prompts, fake):
             kind=common_pb2.STRUCTURED_OUTPUT_KIND_JSON_SCHEMA,
             json_schema='{"type": "integer", "minimum": 5, "maximum": 1}'))),
      grpc.StatusCode.INVALID_ARGUMENT),
+    # what HTTP refuses: a role outside gateway.proto's, no role, a nameless tool, inf
+    (dict(chat=gateway_pb2.ChatPrompt(messages=[gateway_pb2.ChatMessage(role="wizard",
+                                                                        content="hi")])),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(chat=gateway_pb2.ChatPrompt(messages=[gateway_pb2.ChatMessage(content="hi")])),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(chat=gateway_pb2.ChatPrompt(
+        messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
+        tools=[gateway_pb2.ToolDefinition(parameters_json='{"type": "object"}')])),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(text="x", sampling_params=common_pb2.SamplingParams(temperature=float("inf"))),
+     grpc.StatusCode.INVALID_ARGUMENT),
     (dict(chat=gateway_pb2.ChatPrompt(  # a tool's parameters must be an object schema
         messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
         tools=[gateway_pb2.ToolDefinition(name="f", parameters_json='{"type": "string"}')])),
