@@ -22,8 +22,10 @@ session hints likewise (fields, else `x-session-ttl` / `x-session-end`; session_
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 import grpc
 
@@ -42,11 +44,21 @@ from protos import decode_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    def __init__(self, config: GatewayConfig, prep: PrepPool, dispatcher: Dispatcher) -> None:
+    def __init__(self, config: GatewayConfig, prep: PrepPool, dispatcher: Dispatcher,
+                 on_disconnect: Callable[[], None] = lambda: None) -> None:
         self._prep = prep
         self._dispatcher = dispatcher
+        self._on_disconnect = on_disconnect  # a client cancelled its call (HTTP's counter)
 
     async def Generate(self, request: gateway_pb2.GatewayGenerateRequest, context):
+        try:
+            async for out in self._generate(request, context):
+                yield out
+        except asyncio.CancelledError:  # the client cancelled (or its deadline passed)
+            self._on_disconnect()
+            raise
+
+    async def _generate(self, request: gateway_pb2.GatewayGenerateRequest, context):
         arrival = time.monotonic()
         meta = {k: v for k, v in (context.invocation_metadata() or ())
                 if isinstance(v, str)}

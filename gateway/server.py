@@ -111,7 +111,8 @@ class Gateway:
         key = self.config.api_key
         self._grpc = grpc.aio.server(interceptors=[ApiKeyInterceptor(key)] if key else None)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayServicer(self.config, self.prep, self.dispatcher), self._grpc)
+            GatewayServicer(self.config, self.prep, self.dispatcher,
+                            on_disconnect=self.metrics.disconnects.inc), self._grpc)
         self._grpc_health = health.aio.HealthServicer()
         await self._grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._grpc)

@@ -122,17 +122,21 @@ async def test_penalties_and_logit_bias_reach_the_worker(stub, fake):
     assert [(b.token_id, b.bias) for b in sp.logit_bias] == [(7, -100.0), (3, 2.5)]
 
 
-async def test_cancel_reaches_the_decode_worker(stub, fake):
+async def test_cancel_reaches_the_decode_worker(stub, fake, gateway):
+    """... and is counted as HTTP's disconnects are (baton_gateway_client_disconnects_total
+    missed every gRPC cancel)."""
     fake.servicer.behavior = Behavior(tokens=tuple((i, "x") for i in range(500)),
                                       token_delay_s=0.01)
+    before = gateway.metrics.disconnects._value.get()
     call = stub.Generate(gateway_pb2.GatewayGenerateRequest(text="x"), timeout=5)
     await call.read()
     call.cancel()
     for _ in range(100):
-        if fake.servicer.cancelled:
+        if fake.servicer.cancelled and gateway.metrics.disconnects._value.get() > before:
             break
         await asyncio.sleep(0.01)
     assert fake.servicer.cancelled
+    assert gateway.metrics.disconnects._value.get() == before + 1
 
 
 async def test_mid_stream_failure_is_finished_error_then_a_status(stub, fake):
