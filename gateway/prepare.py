@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from baton.chat_format import message_text
 from gateway.batch import prompt_list
 from gateway.errors import GatewayError
 from gateway.front_door import (
@@ -87,10 +88,12 @@ def prepare_chat(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:
         ignored=_ignored(body), names=body.field_names(),
         truncate_prompt_tokens=body.truncate_prompt_tokens)
     prepared = prepare(ctx, front, routing)
-    if body.add_generation_prompt or not messages:
-        return prepared
-    # vLLM's rule: without a generation prompt the answer goes on in the last message's role
-    return replace(prepared, view=replace(prepared.view, role=messages[-1]["role"]))
+    # vLLM's rules: without a generation prompt the answer goes on in the last message's
+    # role; `echo` puts that message's content first when it is in the answer's role
+    role = "assistant" if body.add_generation_prompt or not messages else messages[-1]["role"]
+    echo = (message_text(messages[-1].get("content")),) \
+        if body.echo and messages and messages[-1]["role"] == role else None
+    return replace(prepared, view=replace(prepared.view, role=role, echo=echo))
 
 
 def prepare_completion(ctx: PrepContext, raw: bytes, routing: Routing) -> Prepared:

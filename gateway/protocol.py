@@ -246,6 +246,9 @@ class ChatCompletionRequest(_Generation):
     continue_final_message: bool = False
     # vLLM's: more variables for the chat template (Qwen3's {"enable_thinking": false}).
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the answer starts with the last message's content when that message is in the
+    # answer's role (a continued assistant message comes back whole); gateway/prepare.py
+    echo: bool = False
 
     def check(self) -> None:
         """top_logprobs above 0 needs logprobs true; `tools` is absent or non-empty; a

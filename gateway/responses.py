@@ -60,8 +60,9 @@ class OutputSpec:
 
     @property
     def echo_logprobs(self) -> bool:
-        """Completions' echo with logprobs: the prompt's tokens lead each choice's."""
-        return self.echo is not None and self.num_logprobs is not None
+        """Completions' echo with logprobs: the prompt's tokens lead each choice's (a chat's
+        echo is text only, as vLLM's)."""
+        return not self.chat and self.echo is not None and self.num_logprobs is not None
 
     @property
     def chat(self) -> bool:

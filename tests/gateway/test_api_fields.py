@@ -288,6 +288,28 @@ async def test_a_bug_is_a_500_in_the_api_shape_and_the_connection_serves_on(prom
     assert "internal error on /v1/models" in caplog.text
 
 
+async def test_chat_echo_puts_the_continued_message_first(gateway, fake):
+    """vLLM's chat `echo` (it was ignored): the last message's content comes first in the
+    answer when that message is in the answer's role, streamed or not; else nothing."""
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    body = {"model": MODEL, "messages": chat, "add_generation_prompt": False,
+            "continue_final_message": True, "logprobs": True}
+    plain = (await post(gateway, "/v1/chat/completions", body)).json()["choices"][0]
+    r = await post(gateway, "/v1/chat/completions", {**body, "echo": True})
+    assert r.status_code == 200 and HEADER not in r.headers, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "Hello" + plain["message"]["content"]
+    assert choice["logprobs"] == plain["logprobs"]  # the generated tokens' only
+    r = await post(gateway, "/v1/chat/completions", {**body, "echo": True, "stream": True})
+    deltas = [c["choices"][0]["delta"].get("content") or "" for c in sse_data(r.text)
+              if c["choices"]]
+    assert "".join(deltas) == "Hello" + plain["message"]["content"]
+    # the generation prompt starts a new assistant message: a user message is not echoed
+    r = await post(gateway, "/v1/chat/completions", {
+        "model": MODEL, "messages": chat[:1], "echo": True})
+    assert not r.json()["choices"][0]["message"]["content"].startswith("Hi")
+
+
 # ---- ignored fields ----------------------------------------------------------------------
 async def test_ignored_fields_are_named_in_a_header_and_logged_once(gateway, caplog):
     body = {**CHAT, "foo": 1, "response_format": {"type": "json_object"}, "metadata": {"a": 1},
