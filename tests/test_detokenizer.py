@@ -236,3 +236,21 @@ def test_a_stop_token_ids_text_ends_the_output_only_when_asked(tiny_llama, inclu
     text = decode(kept if include else kept[:-1], skip_special_tokens=True)
     assert out.text == text.removesuffix("\ufffd")
     assert decode([stop_id], skip_special_tokens=True)  # a token with text, so it can differ
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_eos_text_ends_the_output_with_include_stop_str_in_output(tiny_llama, skip):
+    """vLLM's rule for eos as for stop_token_ids: its text ("<|im_end|>" unless special
+    tokens are skipped) ends the output with include_stop_str_in_output; it never did."""
+    from baton import LLM
+
+    llm = LLM(str(tiny_llama), num_blocks=64, dtype="float32")
+    eos = llm.engine.tokenizer.eos_token_id
+    decode = llm.engine.tokenizer.decode
+    for include in (False, True):
+        out = llm.generate([[5, 6, 7, 8]], SamplingParams(
+            temperature=0, max_tokens=4, logit_bias={eos: 100.0}, skip_special_tokens=skip,
+            include_stop_str_in_output=include))[0]
+        assert out.output_token_ids == [eos] and out.finish_reason == "stop"
+        assert out.text == (decode([eos], skip_special_tokens=skip) if include else "")
+        assert out.text or skip or not include

@@ -169,8 +169,8 @@ class IncrementalDetokenizer:
 def check_stop(req: Request, detok: IncrementalDetokenizer, token: int, max_model_len: int,
                grammar_complete: bool = False) -> tuple[RequestStatus | None, str]:
     """After `token` was appended to `req`: (the finished status it reaches, or None; the
-    text it adds). Order: eos, then stop token ids (both only past min_tokens; a stop token's
-    own text is added only with include_stop_str_in_output, as vLLM does), stop strings,
+    text it adds). Order: eos, then stop token ids (both only past min_tokens; their own
+    text is added only with include_stop_str_in_output, as vLLM does), stop strings,
     then max_tokens / the context limit (FINISHED_LENGTH). Sets `req.stop_reason`.
     `grammar_complete`: its structured-output grammar allows nothing more, whatever
     min_tokens says: a normal stop, also on the last allowed token."""
@@ -186,12 +186,12 @@ def _check_stop(req: Request, detok: IncrementalDetokenizer, token: int,
     params = req.sampling_params
     n_out = len(req.output_token_ids)
     may_stop = n_out >= params.min_tokens
-    if may_stop and token in req.eos_token_ids:
-        return RequestStatus.FINISHED_STOPPED, detok.flush()
-    if may_stop and token in params.stop_token_ids:
-        req.stop_reason = token
-        # its text ends the output only with include_stop_str_in_output (vLLM's rule for
-        # stop_token_ids; eos never adds its text here)
+    eos = token in req.eos_token_ids
+    if may_stop and (eos or token in params.stop_token_ids):
+        if not eos:  # eos first: its stop_reason stays None (vLLM's order)
+            req.stop_reason = token
+        # its text ends the output only with include_stop_str_in_output (vLLM's rule, eos
+        # too: "<|im_end|>" with skip_special_tokens false, else nothing)
         text = detok.update([token]).text_delta if params.include_stop_str_in_output else ""
         return RequestStatus.FINISHED_STOPPED, text + detok.flush()
     update = detok.update([token])
