@@ -30,12 +30,17 @@ def chat_logprobs(lps: Sequence, token_text: TokenText) -> dict:
     return {"content": [_chat_entry(lp, token_text) for lp in lps]}
 
 
-def _bytes(token_text: TokenText, token_id: int) -> list[int]:
+def _raw(token_text: TokenText, token_id: int) -> bytes:
     """The token's raw bytes where token_text carries a `bytes` reader (PromptBuilder's:
     gateway/token_bytes.py; a token inside a character decodes to U+FFFD, its bytes do
     not), else the UTF-8 of its text."""
     raw = getattr(token_text, "bytes", None)
-    return list(raw(token_id) if raw is not None else token_text(token_id).encode())
+    return raw(token_id) if raw is not None else token_text(token_id).encode()
+
+
+def _bytes(token_text: TokenText, token_id: int) -> list[int]:
+    """`_raw` as the JSON list of byte values chat's `bytes` field is."""
+    return list(_raw(token_text, token_id))
 
 
 def _chat_entry(lp, token_text: TokenText) -> dict:
@@ -53,8 +58,8 @@ class TextOffsets:
     later offsets ran past the characters they name. Keep one per choice across a stream's
     chunks (a character can span two chunks)."""
 
-    def __init__(self, start: int = 0) -> None:
-        self.offset = start
+    def __init__(self) -> None:
+        self.offset = 0
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def next(self, raw: bytes) -> int:
@@ -83,7 +88,7 @@ def completion_logprobs(lps: Sequence, token_text: TokenText,
         top.update((token_text(t.token_id), _finite(t.logprob)) for t in lp.top)
         tops.append(top)
     for token_id in ids:
-        text_offset.append(offsets.next(bytes(_bytes(token_text, token_id))))
+        text_offset.append(offsets.next(_raw(token_text, token_id)))
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
             "text_offset": text_offset}
 

@@ -25,6 +25,7 @@ _UNSUPPORTED = ("allowed_token_ids", "bad_words", "guided_json", "guided_regex",
                 "guided_choice", "guided_grammar", "use_beam_search")
 _USE = "this server enforces JSON only: `structured_outputs.json`, " \
        "`structured_outputs.json_object` or `response_format`"
+_WHY = {"use_beam_search": "it samples; it has no beam search"}  # else _USE
 
 
 def refuse_unsupported(extra: dict[str, Any]) -> None:
@@ -32,8 +33,8 @@ def refuse_unsupported(extra: dict[str, Any]) -> None:
     Baton does not enforce; `extra` is the request's unknown fields (pydantic model_extra)."""
     for name in _UNSUPPORTED:
         if extra.get(name) not in (None, False, "", [], {}):
-            why = "it samples; it has no beam search" if name == "use_beam_search" else _USE
-            raise RequestError(f"`{name}` is not supported by this server ({why}).", name)
+            raise RequestError(f"`{name}` is not supported by this server "
+                               f"({_WHY.get(name, _USE)}).", name)
 
 
 def structured_outputs_format(value: Any, response_format: OutputFormat | None
