@@ -1,0 +1,159 @@
+// The AMX variant of cpu_prefill.cpp's work item (included by it after Args, Scratch and
+// softmax4; kernels/cpu_prefill.py says when it runs). Same algorithm, tiles and rounding points
+// as the AVX512_BF16 item (FlashAttention's online softmax over 64-key tiles from position 0),
+// with q·k and p·v on Intel AMX (TDPBF16PS, Intel SDM vol. 2, "TDPBF16PS"; Intel Optimization
+// Reference Manual, "Intel AMX"):
+//   scores  S[16 rows, 64 keys]  = Q[16 rows, D] · Kᵀ        TDPBF16PS: A = 16 rows × 16 d pairs
+//                                                             of q, B = 16 d pairs × 16 keys of
+//                                                             the packed K tile, fp32 C
+//   softmax4 on S, 4 rows at a time (cpu_prefill.cpp): m, l, α, bf16 p pairs
+//   PV[16 rows, D]               = P[16 rows, 64 keys] · V    A = 16 rows × 16 key pairs of p,
+//                                                             B = 16 key pairs × 16 d of V
+//   o = fma(o, α, PV)            out = bf16(o / l)
+// The packed K ([d pair][64 keys] words) and V ([key pair][D] words, kv_pack.h) are already the
+// B operands' VNNI layout: no repacking. A row's result depends only on its own q and the K/V up
+// to its position, in one fixed order (each C row is its own A row's dot products; the order of
+// the d pairs and key pairs inside TDPBF16PS is fixed by the hardware), so chunking, thread
+// count and the other rows change no bit, as for the AVX512_BF16 item. The bits differ from
+// that item's (another summation order): one machine runs one variant in every process, chosen
+// from its CPU flags (isa 0), so a prefill worker and a decode worker still write the same KV.
+// Needs D % 32 == 0 (a tile row is 32 bf16); the caller takes the AVX512_BF16 item otherwise.
+#pragma once
+#ifdef BATON_X86
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+#define BATON_AMX_TARGET \
+  __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,amx-tile,amx-bf16")))
+
+constexpr int64_t AR = 16;  // rows per AMX tile
+
+// Whether this CPU has AMX-TILE and AMX-BF16 (CPUID.7.0:EDX[24, 22]), the OS saves their state
+// (XCR0 bits 17, 18), and Linux lets this process use tile data (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux Documentation/arch/x86/xstate.rst).
+inline bool amx_usable() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!((d >> 24) & 1) || !((d >> 22) & 1)) return false;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!((c >> 27) & 1)) return false;  // OSXSAVE: xgetbv is available
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Palette 1, all eight tiles 16 rows × 64 bytes: tmm0-3 C (fp32), tmm4 A, tmm5 B (bf16 pairs).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// Loads the tile configuration for this thread and releases it when the scope ends (the tile
+// state is per thread; oneDNN's GEMMs load their own).
+struct TileScope {
+  BATON_AMX_TARGET TileScope() {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+  }
+  BATON_AMX_TARGET ~TileScope() { _tile_release(); }
+};
+
+// C tiles 0..nc−1 (16 columns each) = Σ over KS 32-element steps of A(a + step·16 words, row
+// stride lda bytes) · B(b + step·16 rows·ldb, row stride ldb bytes, columns 16c words on).
+BATON_AMX_TARGET inline void tile_gemm(const uint32_t* a, int64_t lda, const uint32_t* b,
+                                       int64_t ldb, int64_t ks, int64_t nc) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t k = 0; k < ks; ++k) {
+    _tile_loadd(4, a + k * 16, lda);
+    const uint32_t* bk = b + k * 16 * (ldb / 4);
+    _tile_loadd(5, bk, ldb); _tile_dpbf16ps(0, 4, 5);
+    if (nc > 1) { _tile_loadd(5, bk + 16, ldb); _tile_dpbf16ps(1, 4, 5); }
+    if (nc > 2) { _tile_loadd(5, bk + 32, ldb); _tile_dpbf16ps(2, 4, 5); }
+    if (nc > 3) { _tile_loadd(5, bk + 48, ldb); _tile_dpbf16ps(3, 4, 5); }
+  }
+}
+
+BATON_AMX_TARGET inline void tile_store(float* c, int64_t ldc, int64_t nc) {
+  _tile_stored(0, c, ldc);
+  if (nc > 1) _tile_stored(1, c + 16, ldc);
+  if (nc > 2) _tile_stored(2, c + 32, ldc);
+  if (nc > 3) _tile_stored(3, c + 48, ldc);
+}
+
+// One item (KV head h, query tokens [qt·a.qt, +a.qt)) in groups of 16 rows; the caller holds a
+// TileScope on this thread. Shapes and order as cpu_prefill.cpp's item().
+BATON_AMX_TARGET void item_amx(const Args& a, int64_t h, int64_t qt, Scratch& s) {
+  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * a.qt;
+  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, RA = (R + AR - 1) / AR * AR;
+  s.q.assign(RA * DP, 0u);
+  s.p.resize(AR * KW);
+  s.o.assign(RA * D, 0.0f);
+  s.m.assign(RA, -std::numeric_limits<float>::infinity());
+  s.l.assign(RA, 0.0f);
+  s.alpha.resize(AR);
+  s.last.resize(RA);
+  s.scores.resize(AR * KT);
+  s.pv.resize(AR * D);
+  for (int64_t r = 0; r < RA; ++r) {
+    const int64_t rr = std::min(r, R - 1), i = i0 + rr / G, g = rr % G;
+    s.last[r] = a.base + i;
+    if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
+  }
+  const int64_t end = a.base + i0 + ti, tiles = (end + KT - 1) / KT;
+  const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
+  const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
+  const __m512 sl2 = _mm512_set1_ps(a.scale * 1.4426950408889634f);  // scale·log2(e)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint32_t* kt = kp + t * KT * DP;
+    const uint32_t* vt = vp + t * KT * DP;
+    const int64_t n0 = t * KT;
+    for (int64_t r0 = 0; r0 < RA; r0 += AR) {
+      const int64_t vis = s.last[r0 + AR - 1] - n0;  // the group's last visible key
+      if (vis < 0) continue;  // no row of the group sees this tile
+      // key vectors past it are masked for every row (softmax4): not computed
+      const int64_t nk = std::min<int64_t>(4, vis / 16 + 1);
+      tile_gemm(&s.q[r0 * DP], DP * 4, kt, KT * 4, DP / 16, nk);
+      tile_store(s.scores.data(), KT * 4, nk);
+      for (int64_t u0 = 0; u0 < AR; u0 += 4) {
+        __m512 acc[4][4];
+        for (int u = 0; u < 4; ++u)
+          for (int c = 0; c < 4; ++c)
+            acc[u][c] = c < nk ? _mm512_loadu_ps(&s.scores[(u0 + u) * KT + 16 * c])
+                               : _mm512_setzero_ps();
+        softmax4(s, r0 + u0, n0, acc, sl2, &s.p[u0 * KW], &s.alpha[u0]);
+      }
+      for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int64_t nc = std::min<int64_t>(4, (D - d0) / 16);
+        tile_gemm(s.p.data(), KW * 4, vt + d0, D * 4, KW / 16, nc);
+        tile_store(s.pv.data() + d0, D * 4, nc);
+      }
+      for (int64_t u = 0; u < AR; ++u) {
+        const __m512 av = _mm512_set1_ps(s.alpha[u]);
+        float* o = &s.o[(r0 + u) * D];
+        const float* pv = &s.pv[u * D];
+        for (int64_t d = 0; d < D; d += 16)
+          _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_loadu_ps(o + d), av,
+                                                  _mm512_loadu_ps(pv + d)));
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = i0 + r / G, g = r % G;
+    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
+    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
+    for (int64_t d = 0; d < D; d += 16)
+      baton::store16(reinterpret_cast<bf16*>(dst + d),
+                     _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
+  }
+}
+
+}  // namespace
+#endif
