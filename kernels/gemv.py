@@ -63,7 +63,8 @@ _SOURCES = [_SOURCE, _SOURCE.parent / "gemv_bf16.cpp", _SOURCE.parent / "cpu_dec
             _SOURCE.parent / "cpu_prefill.cpp", _SOURCE.parent / "cpu_sample.cpp",
             _SOURCE.parent / "cpu_rope.cpp"]
 _HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.h",
-                                                  "scores_bf16.h", "kv_pack.h", "prefill_amx.h")]
+                                                  "scores_bf16.h", "kv_pack.h", "prefill_amx.h",
+                                                  "amx.h")]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False

@@ -32,6 +32,13 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_d32(tmp_path_factory):
+    """Folder of a tiny random Llama with head_dim 32 (GQA 2:1): on a CPU with AMX its bf16
+    prefill attention takes the AMX item (kernels/cpu_prefill.py), which head_dim 16 does not."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama_d32"), arch="llama_d32")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory):
     """Folder of a tiny random Qwen2 (q/k/v bias, tied embeddings, GQA 4:1)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")

@@ -75,7 +75,8 @@ def _baton(llm: LLM) -> list:
 
 @pytest.mark.parametrize("arch,fused,gemm", [
     ("tiny_llama", False, "bf16"), ("tiny_llama", True, "bf16"), ("tiny_llama", True, "fp32"),
-    ("tiny_qwen2", False, "bf16"), ("tiny_qwen2", True, "bf16"), ("tiny_qwen3", False, "bf16")])
+    ("tiny_qwen2", False, "bf16"), ("tiny_qwen2", True, "bf16"), ("tiny_qwen3", False, "bf16"),
+    ("tiny_llama_d32", True, "bf16")])
 def test_bf16_logprobs_close_to_transformers_bf16(arch, fused, gemm, request, monkeypatch):
     """gemm: the prompt GEMMs in bf16 or in fp32 (baton/models/linear.py bf16_gemm_in_fp32:
     the choice on CPUs whose bf16 products are slow), forced either way."""

@@ -54,7 +54,8 @@ def train_tokenizer(vocab_size: int = 384):
 
 
 def build_tiny_model(folder: Path | str, arch: str = "llama", seed: int = 0) -> Path:
-    """Build and save a tiny random model of `arch` in {'llama', 'qwen2', 'qwen3', 'mistral'}.
+    """Build and save a tiny random model of `arch` in {'llama', 'llama_d32', 'qwen2', 'qwen3',
+    'mistral'}.
 
     Returns the folder. Raises ValueError for an unknown arch.
     """
@@ -74,6 +75,10 @@ def build_tiny_model(folder: Path | str, arch: str = "llama", seed: int = 0) -> 
     )
     if arch == "llama":
         cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2,
+                          tie_word_embeddings=False, **common)
+        cls = LlamaForCausalLM
+    elif arch == "llama_d32":  # head_dim 32: the AMX prefill attention's shapes (D % 32 == 0)
+        cfg = LlamaConfig(num_attention_heads=2, num_key_value_heads=1,
                           tie_word_embeddings=False, **common)
         cls = LlamaForCausalLM
     elif arch == "mistral":

@@ -275,7 +275,7 @@ bool has_bf16_isa() {
 
 bool has_amx_isa() {
 #ifdef BATON_X86
-  return has_bf16_isa() && amx_usable();
+  return has_bf16_isa() && baton_amx::usable();
 #else
   return false;
 #endif

@@ -20,51 +20,12 @@
 // Needs D % 32 == 0 (a tile row is 32 bf16); the caller takes the AVX512_BF16 item otherwise.
 #pragma once
 #ifdef BATON_X86
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 
 namespace {
 
-#define BATON_AMX_TARGET \
-  __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,amx-tile,amx-bf16")))
-
+using baton_amx::TileScope;
 constexpr int64_t AR = 16;  // rows per AMX tile
-
-// Whether this CPU has AMX-TILE and AMX-BF16 (CPUID.7.0:EDX[24, 22]), the OS saves their state
-// (XCR0 bits 17, 18), and Linux lets this process use tile data (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux Documentation/arch/x86/xstate.rst).
-inline bool amx_usable() {
-  static const bool ok = [] {
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    if (!((d >> 24) & 1) || !((d >> 22) & 1)) return false;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-    if (!((c >> 27) & 1)) return false;  // OSXSAVE: xgetbv is available
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
-  return ok;
-}
-
-// Palette 1, all eight tiles 16 rows × 64 bytes: tmm0-3 C (fp32), tmm4 A, tmm5 B (bf16 pairs).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
-// Loads the tile configuration for this thread and releases it when the scope ends (the tile
-// state is per thread; oneDNN's GEMMs load their own).
-struct TileScope {
-  BATON_AMX_TARGET TileScope() {
-    static const TileConfig config;
-    _tile_loadconfig(&config);
-  }
-  BATON_AMX_TARGET ~TileScope() { _tile_release(); }
-};
 
 // C tiles 0..nc−1 (16 columns each) = Σ over KS 32-element steps of A(a + step·16 words, row
 // stride lda bytes) · B(b + step·16 rows·ldb, row stride ldb bytes, columns 16c words on).

@@ -28,6 +28,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_llama_d32"])
+def model(request):
+    """head_dim 16 and 32: on a CPU with AMX the second takes the AMX prefill attention on both
+    sides (kernels/cpu_prefill.py), the first the AVX512_BF16 one."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=TRANSPORTS)
 async def bf16_pair(request, model):
     pair = await start_pair(model, request.param,
