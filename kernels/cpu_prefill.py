@@ -46,7 +46,7 @@ def amx_available() -> bool:
     """True when the op's AMX item runs here (AMX-TILE and AMX-BF16, enabled by the OS for this
     process); `prefill_attention` then takes it for head sizes that are multiples of 32."""
     ext = _gemv._load()
-    return ext is not None and bool(ext.has_avx512_bf16_attention()) and bool(ext.has_amx_attention())
+    return ext is not None and bool(ext.has_amx_attention())  # implies AVX512_BF16
 
 
 def supported(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:

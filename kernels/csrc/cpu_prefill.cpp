@@ -204,22 +204,49 @@ BATON_BF16_TARGET inline void softmax4(Scratch& s, int64_t r0, int64_t n0, __m51
   for (int u = 0; u < 4; ++u) s.l[r0 + u] = s.l[r0 + u] * alpha[u] + ls[u];
 }
 
-BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
+// An item's rows: query tokens [i0, i0 + ti) of KV head h, R = ti·G rows (token-major, head g of
+// token i is row (i − i0)·G + g), padded to RP rows, a multiple of the group the item runs at once.
+struct ItemRows { int64_t i0, ti, R, RP; };
+
+// Sets up s for an item run `group` rows at a time: each row's q (bf16 pairs; padding rows 0),
+// o = 0, m = −inf, l = 0, and its last visible position (padding rows repeat the last row's).
+inline ItemRows begin_item(const Args& a, int64_t h, int64_t qt, int64_t group, Scratch& s) {
   const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * a.qt;
-  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, R4 = (R + 3) / 4 * 4;
-  s.q.assign(R4 * DP, 0u);
-  s.p.resize(4 * KW);
-  s.o.assign(R4 * D, 0.0f);
-  s.m.assign(R4, -std::numeric_limits<float>::infinity());
-  s.l.assign(R4, 0.0f);
-  s.alpha.resize(4);
-  s.last.resize(R4);
-  for (int64_t r = 0; r < R4; ++r) {
+  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, RP = (R + group - 1) / group * group;
+  s.q.assign(RP * DP, 0u);
+  s.o.assign(RP * D, 0.0f);
+  s.m.assign(RP, -std::numeric_limits<float>::infinity());
+  s.l.assign(RP, 0.0f);
+  s.last.resize(RP);
+  for (int64_t r = 0; r < RP; ++r) {
     const int64_t rr = std::min(r, R - 1), i = i0 + rr / G, g = rr % G;
     s.last[r] = a.base + i;
     if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
   }
-  const int64_t end = a.base + i0 + ti;
+  return {i0, ti, R, RP};
+}
+
+// out rows of the item: bf16(o / l), rounded to nearest even once.
+BATON_BF16_TARGET inline void finish_item(const Args& a, int64_t h, const ItemRows& it,
+                                          const Scratch& s) {
+  const int64_t D = a.D, G = a.G;
+  for (int64_t r = 0; r < it.R; ++r) {
+    const int64_t i = it.i0 + r / G, g = r % G;
+    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
+    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
+    for (int64_t d = 0; d < D; d += 16)
+      baton::store16(reinterpret_cast<bf16*>(dst + d),
+                     _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
+  }
+}
+
+BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
+  const int64_t D = a.D, DP = D / 2;
+  const ItemRows it = begin_item(a, h, qt, 4, s);
+  const int64_t R4 = it.RP;
+  s.p.resize(4 * KW);
+  s.alpha.resize(4);
+  const int64_t end = a.base + it.i0 + it.ti;
   const int64_t tiles = (end + KT - 1) / KT;
   const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
   const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
@@ -252,13 +279,7 @@ BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
       }
     }
   }
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t i = i0 + r / G, g = r % G;
-    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
-    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
-    for (int64_t d = 0; d < D; d += 16)
-      baton::store16(reinterpret_cast<bf16*>(dst + d), _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
-  }
+  finish_item(a, h, it, s);
 }
 #include "prefill_amx.h"
 #endif

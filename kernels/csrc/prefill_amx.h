@@ -27,7 +27,7 @@ namespace {
 using baton_amx::TileScope;
 constexpr int64_t AR = 16;  // rows per AMX tile
 
-// C tiles 0..nc−1 (16 columns each) = Σ over KS 32-element steps of A(a + step·16 words, row
+// C tiles 0..nc−1 (16 columns each) = Σ over ks 32-element steps of A(a + step·16 words, row
 // stride lda bytes) · B(b + step·16 rows·ldb, row stride ldb bytes, columns 16c words on).
 BATON_AMX_TARGET inline void tile_gemm(const uint32_t* a, int64_t lda, const uint32_t* b,
                                        int64_t ldb, int64_t ks, int64_t nc) {
@@ -50,25 +50,16 @@ BATON_AMX_TARGET inline void tile_store(float* c, int64_t ldc, int64_t nc) {
 }
 
 // One item (KV head h, query tokens [qt·a.qt, +a.qt)) in groups of 16 rows; the caller holds a
-// TileScope on this thread. Shapes and order as cpu_prefill.cpp's item().
+// TileScope on this thread. Set-up, order and output as cpu_prefill.cpp's item().
 BATON_AMX_TARGET void item_amx(const Args& a, int64_t h, int64_t qt, Scratch& s) {
-  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * a.qt;
-  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, RA = (R + AR - 1) / AR * AR;
-  s.q.assign(RA * DP, 0u);
+  const int64_t D = a.D, DP = D / 2;
+  const ItemRows it = begin_item(a, h, qt, AR, s);
+  const int64_t RA = it.RP;
   s.p.resize(AR * KW);
-  s.o.assign(RA * D, 0.0f);
-  s.m.assign(RA, -std::numeric_limits<float>::infinity());
-  s.l.assign(RA, 0.0f);
   s.alpha.resize(AR);
-  s.last.resize(RA);
   s.scores.resize(AR * KT);
   s.pv.resize(AR * D);
-  for (int64_t r = 0; r < RA; ++r) {
-    const int64_t rr = std::min(r, R - 1), i = i0 + rr / G, g = rr % G;
-    s.last[r] = a.base + i;
-    if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
-  }
-  const int64_t end = a.base + i0 + ti, tiles = (end + KT - 1) / KT;
+  const int64_t end = a.base + it.i0 + it.ti, tiles = (end + KT - 1) / KT;
   const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
   const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
   const __m512 sl2 = _mm512_set1_ps(a.scale * 1.4426950408889634f);  // scale·log2(e)
@@ -106,14 +97,7 @@ BATON_AMX_TARGET void item_amx(const Args& a, int64_t h, int64_t qt, Scratch& s)
       }
     }
   }
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t i = i0 + r / G, g = r % G;
-    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
-    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
-    for (int64_t d = 0; d < D; d += 16)
-      baton::store16(reinterpret_cast<bf16*>(dst + d),
-                     _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
-  }
+  finish_item(a, h, it, s);
 }
 
 }  // namespace
