@@ -97,6 +97,7 @@ def bench_step(model: str, rounds: int, context: int, clock) -> None:
         mb = sum(w.numel() * w.element_size() for w in weights[d]) / 1e6
         print(f"  {d:9s} step {step:6.1f} ms  read floor {floor:5.1f} ms ({mb:.0f} MB)  "
               f"{step / floor:.2f}x the floor  [native GEMV {m.native_gemv}, "
+              f"AMX GEMV {getattr(m, 'amx_gemv', False)}, "
               f"fused decode ops {m.fused_decode}]  rounds "
               + " ".join(f"{v:.1f}" for v in steps[d]))
     ratio = statistics.median(steps["bfloat16"]) / statistics.median(steps["float32"])
@@ -113,7 +114,8 @@ def main() -> None:
     ext = native._load()
     print(f"CPU: {cpu_line()}\nthreads {torch.get_num_threads()}, clock {clock_name}, load average "
           f"{os.getloadavg()}, bf16 GEMV variant "
-          f"{'AVX512_BF16' if ext.has_avx512_bf16() else 'AVX2 or scalar'}, fused decode ops "
+          f"{'AVX512_BF16' if ext.has_avx512_bf16() else 'AVX2 or scalar'} (AMX where the model "
+          f"says so below), fused decode ops "
           f"{'AVX-512F' if cpu_decode.fast_available() else 'scalar (bf16 only; no AVX-512F)'}",
           flush=True)
     if not args.skip_shapes:

@@ -9,7 +9,8 @@ Every matrix of the model's decoder (qkv, o, gate_up, down per layer, then lm_he
 from the model folder's config.json, random fp32 values: only the time is measured) is
 multiplied by one x of B rows, native (`gemv_native`, w [out, in]) then torch (`x @ w.t()`,
 what `gemv` falls back to), alternating per round; prints the best time of each over the
-rounds and torch / native (> 1: native is faster). The weights (~540 MB for SmolLM2-135M)
+rounds and torch / native (> 1: native is faster); bf16 on a CPU with AMX also the AMX GEMV
+(`kernels.gemv_amx`, up to its 32 rows) and native / amx. The weights (~540 MB for SmolLM2-135M)
 exceed the caches, so each product streams its matrix from DRAM as in a real step. Run on a
 quiet machine.
 """
@@ -24,6 +25,7 @@ import torch
 from baton.config import parse_dtype
 from baton.models.registry import resolve_model
 from kernels import gemv as g
+from kernels import gemv_amx
 
 
 def matrices(model: str, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -38,12 +40,18 @@ def matrices(model: str, dtype: torch.dtype = torch.float32) -> list[torch.Tenso
     return [torch.randn(o, i, generator=gen).to(dtype) for o, i in shapes]
 
 
-def one_pass_ms(ws: list[torch.Tensor], rows: int, native: bool) -> float:
+def one_pass_ms(ws: list[torch.Tensor], rows: int, native: bool,
+                packed: list[torch.Tensor] | None = None) -> float:
+    """One pass over ws: the native kernel, torch's (native False), or with `packed` (the
+    matrices as `kernels.gemv_amx.pack` lays them out) the AMX one."""
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(ws[0].dtype) for w in ws}
     t0 = time.perf_counter()
-    for w in ws:
+    for i, w in enumerate(ws):
         x = xs[w.shape[1]]
-        g.gemv_native(x, w) if native else x @ w.t()
+        if packed is not None:
+            gemv_amx.gemv_amx(x, packed[i], w.shape[0])
+        else:
+            g.gemv_native(x, w) if native else x @ w.t()
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -63,14 +71,20 @@ def main() -> None:
     print(f"threads {torch.get_num_threads()}, {a.dtype}, "
           f"{sum(w.numel() * w.element_size() for w in ws) / 1e6:.0f} MB of weights, "
           f"max_rows() here = {g.max_rows(ws[0].dtype)}")
+    packed = ([gemv_amx.pack(w) for w in ws] if ws[0].dtype == torch.bfloat16
+              and gemv_amx.available() else None)
     for rows in (int(r) for r in a.rows.split(",")):
         one_pass_ms(ws[:2], rows, True), one_pass_ms(ws[:2], rows, False)  # warm both paths
-        nat, ref = [], []
+        nat, ref, amx = [], [], []
+        use_amx = packed is not None and rows <= gemv_amx.MAX_ROWS
         for _ in range(a.rounds):
             nat.append(one_pass_ms(ws, rows, True))
             ref.append(one_pass_ms(ws, rows, False))
+            if use_amx:
+                amx.append(one_pass_ms(ws, rows, True, packed))
+        tail = f"  amx {min(amx):7.1f} ms  native/amx {min(nat) / min(amx):5.2f}" if amx else ""
         print(f"rows {rows:4d}  native {min(nat):7.1f} ms  torch {min(ref):7.1f} ms  "
-              f"torch/native {min(ref) / min(nat):5.2f}", flush=True)
+              f"torch/native {min(ref) / min(nat):5.2f}{tail}", flush=True)
 
 
 if __name__ == "__main__":

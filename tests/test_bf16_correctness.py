@@ -21,6 +21,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.closeness import check_logprobs_close
+from kernels import gemv_amx
 from tests.reference import hf_model
 
 TOP = 5
@@ -73,14 +74,18 @@ def _baton(llm: LLM) -> list:
     return [(o.output_token_ids, [set(lp.top) for lp in o.outputs[0].logprobs]) for o in outs]
 
 
-@pytest.mark.parametrize("arch,fused,gemm", [
-    ("tiny_llama", False, "bf16"), ("tiny_llama", True, "bf16"), ("tiny_llama", True, "fp32"),
-    ("tiny_qwen2", False, "bf16"), ("tiny_qwen2", True, "bf16"), ("tiny_qwen3", False, "bf16"),
-    ("tiny_llama_d32", True, "bf16")])
-def test_bf16_logprobs_close_to_transformers_bf16(arch, fused, gemm, request, monkeypatch):
+@pytest.mark.parametrize("arch,fused,gemm,gemv", [
+    ("tiny_llama", False, "bf16", ""), ("tiny_llama", True, "bf16", ""),
+    ("tiny_llama", True, "fp32", ""), ("tiny_qwen2", False, "bf16", ""),
+    ("tiny_qwen2", True, "bf16", ""), ("tiny_qwen3", False, "bf16", ""),
+    ("tiny_llama_d32", True, "bf16", ""), ("tiny_llama", True, "bf16", "avx512"),
+    ("tiny_llama_d32", True, "bf16", "avx512")])
+def test_bf16_logprobs_close_to_transformers_bf16(arch, fused, gemm, gemv, request, monkeypatch):
     """gemm: the prompt GEMMs in bf16 or in fp32 (baton/models/linear.py bf16_gemm_in_fp32:
-    the choice on CPUs whose bf16 products are slow), forced either way."""
+    the choice on CPUs whose bf16 products are slow), forced either way. gemv: the decode
+    GEMV the machine picks ("": AMX where it runs) or the AVX512_BF16 one, forced."""
     monkeypatch.setenv("BATON_BF16_GEMM", gemm)
+    monkeypatch.setenv("BATON_BF16_GEMV", gemv)
     folder = request.getfixturevalue(arch)
     llm = LLM(str(folder), dtype="bfloat16", block_size=16, num_blocks=128)
     model = llm.engine.model
@@ -89,6 +94,7 @@ def test_bf16_logprobs_close_to_transformers_bf16(arch, fused, gemm, request, mo
     assert model.fused_decode == (arch != "tiny_qwen3")  # the default: native ops where they fit
     model.fused_decode = fused  # on: the native bf16 ops read the bf16 cache in place
     assert model.gemm_fp32 == (gemm == "fp32")
+    assert model.amx_gemv == (gemv == "" and gemv_amx.available())
     exact = check_logprobs_close(_baton(llm), _reference(folder), "baton", "transformers")
     # not vacuous: on these peaked random models most prompts agree on all 12 tokens
     assert exact >= len(_prompts(model.shape.vocab_size)) // 2, f"only {exact} prompts agree fully"

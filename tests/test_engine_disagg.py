@@ -189,14 +189,16 @@ def test_the_cost_model_decides_with_the_prefix_hit(tiny_llama):
     rkv.fail("b", recompute=False, aborted=True)
 
 
-@pytest.mark.parametrize("gemm", ["bf16", "fp32"])
-def test_bf16_disaggregated_equals_colocated_token_for_token(tiny_llama, gemm, monkeypatch):
+@pytest.mark.parametrize("gemm,gemv", [("bf16", ""), ("fp32", ""), ("bf16", "avx512")])
+def test_bf16_disaggregated_equals_colocated_token_for_token(tiny_llama, gemm, gemv, monkeypatch):
     """bf16 cannot match fp32 transformers token for token, but a disaggregated request runs the
     same kernels as a colocated one (torch's bf16 GEMM for the prompt, or its fp32 one where
     the CPU's bf16 products are slow: `gemm`, forced; the batch-invariant native bf16 GEMV for
-    decode) over the same bf16 KV bytes, so their tokens are equal. Fresh prompts only: a
-    prefix hit at another boundary on either side is another computation."""
+    decode: AMX's where it runs, or the AVX512_BF16 one, `gemv`, forced) over the same bf16
+    KV bytes, so their tokens are equal. Fresh prompts only: a prefix hit at another boundary
+    on either side is another computation."""
     monkeypatch.setenv("BATON_BF16_GEMM", gemm)
+    monkeypatch.setenv("BATON_BF16_GEMV", gemv)
     prefill, decode = _engines(tiny_llama, dtype="bfloat16")
     colocated = LLM(str(tiny_llama), dtype="bfloat16", block_size=8, num_blocks=64)
     assert decode[0].kv_cache.dtype == prefill[0].kv_cache.dtype == torch.bfloat16

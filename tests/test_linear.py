@@ -197,3 +197,46 @@ def test_fp32_gemm_of_bf16_weights_rounds_the_fp32_product(native: bool, split: 
         assert y.dtype == torch.bfloat16 and y.shape == (rows, 48)
         assert ((y.double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-30).all(), rows
         assert torch.equal(y, fp32(x))
+
+
+def test_amx_gemv_rule(tmp_path, monkeypatch) -> None:
+    """The AMX GEMV where AMX runs and MemTotal holds the re-laid copy (the total, so every
+    process of a machine answers the same), unless $BATON_BF16_GEMV=avx512."""
+    from baton.models.linear import PREPACK_MAX_FRACTION, use_amx_gemv
+    from kernels import gemv_amx
+
+    monkeypatch.delenv("BATON_BF16_GEMV", raising=False)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 100 kB\n")
+    limit = int(PREPACK_MAX_FRACTION * 16000000 * 1024)
+    amx = gemv_amx.available()
+    assert use_amx_gemv(limit, str(meminfo)) == amx
+    assert not use_amx_gemv(limit + 1, str(meminfo))
+    assert not use_amx_gemv(1, str(tmp_path / "missing"))
+    monkeypatch.setenv("BATON_BF16_GEMV", "amx")
+    assert use_amx_gemv(1, str(meminfo)) == amx  # asked for, still only where AMX runs
+    monkeypatch.setenv("BATON_BF16_GEMV", "avx512")
+    assert not use_amx_gemv(1, str(meminfo))
+    monkeypatch.setenv("BATON_BF16_GEMV", "fast")
+    with pytest.raises(ValueError, match="BATON_BF16_GEMV"):
+        use_amx_gemv(1, str(meminfo))
+
+
+@pytest.mark.skipif(not gemv.gemv_available(), reason="native GEMV did not build here")
+def test_amx_storage_runs_the_amx_kernel_for_the_native_rows() -> None:
+    """`amx=True` (where AMX runs): rows up to the native limit are the AMX kernel's bits,
+    more rows torch's GEMM as without it; fp32 weights ignore the flag."""
+    from kernels import gemv_amx
+
+    if not gemv_amx.available():
+        pytest.skip("AMX does not run on this CPU/OS")
+    w = _rand(40, 70, seed=11).bfloat16()
+    lin, plain = Linear(w, True, amx=True), Linear(w, True)
+    assert lin._amx is not None and plain._amx is None
+    for rows in (1, 7, 32):
+        x = _rand(rows, 70, seed=rows).bfloat16()
+        assert torch.equal(lin(x), gemv_amx.gemv_amx(x, gemv_amx.pack(w), 40)), rows
+    x = _rand(33, 70, seed=33).bfloat16()
+    assert torch.equal(lin(x), plain(x))
+    assert Linear(w.float(), True, amx=True)._amx is None
+    assert torch.equal(lin.matrix(), w)

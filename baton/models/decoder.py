@@ -40,7 +40,8 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
-from baton.models.linear import Linear, bf16_gemm_in_fp32, prepack_fits, use_native_gemv
+from baton.models.linear import (Linear, bf16_gemm_in_fp32, prepack_fits, use_amx_gemv,
+                                 use_native_gemv)
 from kernels import cpu_decode, cpu_rope, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
@@ -109,27 +110,30 @@ class Layer:
     """Weights of one decoder layer, fused: qkv [(Hq + 2·Hkv)·D, hidden], o [hidden, Hq·D],
     gate_up [2·I, hidden] (gate rows, then up rows), down [hidden, I], each a `Linear` (given
     (out, in), stored for the GEMV path in use, see baton/models/linear.py). split: the CPU
-    column-split storage of the wide products (off on CUDA, where it buys nothing)."""
+    column-split storage of the wide products (off on CUDA, where it buys nothing); prepack,
+    gemm_fp32, amx: `Linear`'s."""
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype,
                  native: bool, device: torch.device | None = None, split: bool = True,
-                 prepack: bool = False, gemm_fp32: bool = False) -> None:
+                 prepack: bool = False, gemm_fp32: bool = False, amx: bool = False) -> None:
         def get(name: str) -> torch.Tensor | None:
             t = w.get(prefix + name)
             return None if t is None else t.to(device=device, dtype=dtype)
 
         a = "self_attn."
         self.qkv = Linear(torch.cat([get(a + f"{p}_proj.weight") for p in "qkv"]), native,
-                          prepack=prepack, gemm_fp32=gemm_fp32)
+                          prepack=prepack, gemm_fp32=gemm_fp32, amx=amx)
         biases = [get(a + f"{p}_proj.bias") for p in "qkv"]
         self.qkv_bias = torch.cat(biases) if biases[0] is not None else None
-        self.o = Linear(get(a + "o_proj.weight"), native, prepack=prepack, gemm_fp32=gemm_fp32)
+        self.o = Linear(get(a + "o_proj.weight"), native, prepack=prepack, gemm_fp32=gemm_fp32,
+                        amx=amx)
         self.q_norm = get(a + "q_norm.weight")
         self.k_norm = get(a + "k_norm.weight")
         self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-                              native, split=split, prepack=prepack, gemm_fp32=gemm_fp32)
+                              native, split=split, prepack=prepack, gemm_fp32=gemm_fp32,
+                              amx=amx)
         self.down = Linear(get("mlp.down_proj.weight"), native, split=split, prepack=prepack,
-                           gemm_fp32=gemm_fp32)
+                           gemm_fp32=gemm_fp32, amx=amx)
         self.input_norm = get("input_layernorm.weight")
         self.post_norm = get("post_attention_layernorm.weight")
 
@@ -180,8 +184,15 @@ class DecoderModel:
             logging.getLogger(__name__).info(
                 "bf16 prompt GEMMs run in fp32 on prepacked fp32 weights (this CPU's bf16 "
                 "products are slow; BATON_BF16_GEMM=bf16 overrides)")
+        # bf16 decode GEMVs on AMX tiles where the CPU allows them (W re-laid once, linear.py)
+        self.amx_gemv = (self.native_gemv and dtype == torch.bfloat16
+                         and use_amx_gemv(layer_bytes + self.embed.numel() * 2))
+        if self.amx_gemv:
+            logging.getLogger(__name__).info("bf16 decode GEMVs run on AMX tiles "
+                                             "(BATON_BF16_GEMV=avx512 overrides)")
         self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv,
-                             self.device, split=cpu, prepack=prepack, gemm_fp32=self.gemm_fp32)
+                             self.device, split=cpu, prepack=prepack, gemm_fp32=self.gemm_fp32,
+                             amx=self.amx_gemv)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = weights["model.norm.weight"].to(**place)
         lm_head = weights.get("lm_head.weight")
@@ -189,7 +200,7 @@ class DecoderModel:
         # rows may exceed config.vocab_size (padded vocab); a tied one starts from `embed` (the
         # native storage then shares its memory)
         self.lm_head = Linear(self.embed if tied else lm_head.to(**place), self.native_gemv,
-                              split=cpu)
+                              split=cpu, amx=self.amx_gemv)
         cos, sin_signed = self._rope_tables(cfg, self.shape.max_position_embeddings)
         self._cos, self._sin_signed = cos.to(self.device), sin_signed.to(self.device)
         # the fused CPU decode op (kernels.cpu_decode): fp32 or bf16 with the native extension

@@ -47,6 +47,7 @@ import torch
 
 from baton.dtypes import cpu_flags, cpu_vendor
 from kernels import gemv as native
+from kernels import gemv_amx
 from kernels.gemv import extension as native_extension
 from kernels.gemv import max_rows as native_max_rows
 
@@ -105,6 +106,27 @@ def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
     flags = cpu_flags(cpuinfo)
     return (cpu_vendor(cpuinfo) == "GenuineIntel" and "avx512_bf16" in flags
             and "amx_bf16" not in flags)
+
+
+GEMV_ENV = "BATON_BF16_GEMV"  # "amx" / "avx512": override use_amx_gemv's rule
+
+
+def use_amx_gemv(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
+    """Whether a bf16 model's small steps (decode, <= 32 rows) run the AMX GEMV
+    (`kernels.gemv_amx`, W re-laid into its units) instead of the AVX512_BF16 one: where AMX is
+    allowed (CPU flags and the OS, never a timing) and the re-laid copy of the `weight_bytes`
+    of matrices is at most PREPACK_MAX_FRACTION of MemTotal (the same answer in every process
+    of a machine: the two kernels' bits differ, and disaggregated = colocated needs one). On
+    the AMX Xeon of BENCHMARKS.md's thirteenth pass SmolLM2-135M's 121 matrices took 11.4 ms
+    at 8 rows against 14.7, 13.0 against 27.0 at 16, 10.1 against 10.3 at one.
+    $BATON_BF16_GEMV=avx512 turns it off, =amx asks for it (still only where AMX runs); another
+    value raises ValueError."""
+    forced = os.environ.get(GEMV_ENV, "").strip().lower()
+    if forced not in ("", "amx", "avx512"):
+        raise ValueError(f"{GEMV_ENV} must be amx or avx512, got {forced!r}")
+    if forced == "avx512" or not gemv_amx.available():
+        return False
+    return weight_bytes <= PREPACK_MAX_FRACTION * (_meminfo_bytes("MemTotal", meminfo) or 0)
 
 
 def prepack_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -167,11 +189,13 @@ class Linear:
     store for `kernels.gemv`; split: in the torch storage, use `_split_matmul`; prepack: bf16
     on CPU, keep oneDNN's prepacked copy of W for the GEMMs past the native rows (module
     docstring; ignored where `prepack_bf16` returns None); gemm_fp32: those GEMMs in fp32 on
-    a prepacked fp32 copy of a bf16 W (`bf16_gemm_in_fp32`; overrides prepack).
+    a prepacked fp32 copy of a bf16 W (`bf16_gemm_in_fp32`; overrides prepack); amx: with
+    native bf16, also keep W re-laid for the AMX GEMV and run the native rows there
+    (`use_amx_gemv`; a second copy of W).
     """
 
     def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
-                 prepack: bool = False, gemm_fp32: bool = False) -> None:
+                 prepack: bool = False, gemm_fp32: bool = False, amx: bool = False) -> None:
         self.out_features, self.in_features = w.shape
         self.native = native
         # bf16 CPU GEMMs past the native rows with W prepacked (module docstring; None: F.linear),
@@ -180,12 +204,17 @@ class Linear:
                         else prepack_bf16(w) if prepack else None)
         self.split = split and not native
         self._gemv_out = None  # the extension's kernel, called directly for small steps
+        self._amx = None  # W as kernels.gemv_amx.pack lays it out, where that kernel runs
         if native:
             self.weight = w.contiguous()
             ext = native_extension()
             if ext is not None and not w.is_cuda:
                 self._gemv_out = ext.gemv_out if w.dtype == torch.float32 else ext.gemv_bf16_out
                 self._max_rows = native_max_rows(w.dtype)
+                if amx and w.dtype == torch.bfloat16:  # W re-laid for kernels.gemv_amx
+                    self._amx = gemv_amx.pack(self.weight)
+                    self._gemv_amx_out = ext.gemv_amx_out
+                    self._max_rows = min(self._max_rows, gemv_amx.MAX_ROWS)
         elif self.split:
             self.weight = _split_columns(w.t())
         else:
@@ -211,13 +240,17 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] → [T, out], x's dtype; bf16 GEMMs on CPU run at `bucket_rows(T)` rows.
-        A decode step's few rows go straight to the native kernel (`kernels.gemv.gemv`'s
+        A decode step's few rows go straight to the native kernel (the AMX one where `amx`;
+        `kernels.gemv.gemv`'s
         checks, which cost ~3.5 µs a call of ~120 a step, are the extension's own: it raises
         RuntimeError on a wrong dtype, shape or stride)."""
         if (self._gemv_out is not None and x.shape[0] <= self._max_rows
                 and x.dtype == self.weight.dtype and x.dim() == 2 and x.stride(1) == 1):
             y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
-            self._gemv_out(x, self.weight, y, 0)
+            if self._amx is not None:
+                self._gemv_amx_out(x, self._amx, y)
+            else:
+                self._gemv_out(x, self.weight, y, 0)
             return y
         x, m = _padded(x)
         if (self._packed is not None and x.dtype == torch.bfloat16

@@ -1,0 +1,71 @@
+"""Small-batch bf16 GEMV on Intel AMX tiles, for decode steps on CPUs that have AMX.
+
+    w [out, in] bf16  →  pack(w): [ceil(out/16), ceil(in/32), 16, 32] bf16 (once, at load)
+    x [B, in] bf16, B <= MAX_ROWS  →  gemv_amx(x, packed, out) = y [B, out] bf16, fp32 sums
+
+`kernels/csrc/gemv_amx.cpp` (built into the `kernels.gemv` extension) runs each 16-output ×
+32-input block of W as one TDPBF16PS against up to 16 rows of x, so a step of 8–32 rows costs
+about what one row does (the weight reads), where the AVX512_BF16 GEMV (kernels/gemv.py) is
+compute-bound from ~5 rows on such CPUs. Batch and thread invariant (a row's result depends on
+its x row and W only), but not the AVX512_BF16 GEMV's bits: AMX rounds inside one TDPBF16PS in
+its own way, so a model takes one of the two for all its small steps (baton/models/linear.py),
+and the reference for tests is closeness to fp32 products (`gemv_amx_ref` is the exact-sum
+bound, not a bit replay). Runs where `available()`: CPUID's AMX-TILE and AMX-BF16, the OS's tile
+state (XCR0) and Linux's ARCH_REQ_XCOMP_PERM; decided from those, never from a timing.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import gemv as _gemv
+
+MAX_ROWS = 32  # two B tiles of 16 x rows; more rows go to torch's GEMM (as MAX_ROWS_BF16)
+OUT_UNIT, IN_CHUNK = 16, 32  # one A tile: 16 outputs × 32 inputs
+
+
+def available() -> bool:
+    """True when the extension is built and this CPU and OS allow AMX tiles (implies
+    AVX512_BF16)."""
+    ext = _gemv._load()
+    return ext is not None and bool(ext.has_amx_gemv())
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """W [out, in] bf16 (CPU) → the kernel's layout [ceil(out/16), ceil(in/32), 16, 32] bf16:
+    units of 16 outputs, each unit's 32-input chunks contiguous, zero-padded. A new tensor
+    (W's size, padding aside). Raises ValueError for a non-2-D or non-bf16 W."""
+    if w.dim() != 2 or w.dtype != torch.bfloat16:
+        raise ValueError(f"pack: W must be 2-D bf16, got {tuple(w.shape)} {w.dtype}")
+    out_f, in_f = w.shape
+    pad_o, pad_i = -out_f % OUT_UNIT, -in_f % IN_CHUNK
+    wp = torch.nn.functional.pad(w, (0, pad_i, 0, pad_o)) if pad_o or pad_i else w
+    units, chunks = (out_f + pad_o) // OUT_UNIT, (in_f + pad_i) // IN_CHUNK
+    return wp.reshape(units, OUT_UNIT, chunks, IN_CHUNK).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """`pack`'s inverse: [units, chunks, 16, 32] → W [out_features, in_features] (a copy)."""
+    units, chunks = packed.shape[:2]
+    w = packed.permute(0, 2, 1, 3).reshape(units * OUT_UNIT, chunks * IN_CHUNK)
+    return w[:out_features, :in_features].contiguous()
+
+
+def gemv_amx(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, in] bf16 (unit stride in `in`, B <= MAX_ROWS) @ W.T with W given as `pack(W)` →
+    [B, out_features] bf16, written into `out` when given. RuntimeError where the extension is
+    missing or AMX is not allowed, or on a shape, dtype or stride the kernel refuses."""
+    ext = _gemv._load()
+    if ext is None:
+        raise RuntimeError("native CPU GEMV is unavailable (see the log)")
+    if out is None:
+        out = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+    ext.gemv_amx_out(x, packed, out)
+    return out
+
+
+def gemv_amx_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The exact result the kernel approximates: x [B, in] @ w [out, in].T in fp64, [B, out]
+    fp64; the kernel's bf16 output is within one bf16 rounding (2^-8 relative) of it plus its
+    fp32 summation error (in × 2^-24 × sum|x·w|)."""
+    return x.double() @ w.double().t()
