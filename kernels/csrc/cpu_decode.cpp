@@ -19,6 +19,7 @@
 // ISA: an AVX-512F variant (exp: Cephes expf polynomial + scalef, ~1 ulp) chosen at run time by
 // __builtin_cpu_supports, and a portable scalar one (std::exp) everywhere else.
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -418,8 +419,8 @@ void decode_attend_out(const torch::Tensor& query, torch::Tensor& kv_cache, int6
 }
 
 void register_cpu_decode(pybind11::module& m) {
-  m.def("decode_attention_out", &decode_attention_out,
+  m.def("decode_attention_out", &decode_attention_out, BATON_RELEASE_GIL,
         "rotary + KV write + paged decode attention, fp32/bf16 CPU (kernels/cpu_decode.py)");
-  m.def("decode_attend_out", &decode_attend_out,
+  m.def("decode_attend_out", &decode_attend_out, BATON_RELEASE_GIL,
         "paged decode attention of rotated queries, fp32/bf16 CPU (kernels/cpu_decode.py)");
 }

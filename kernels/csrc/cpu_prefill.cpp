@@ -38,6 +38,7 @@
 // reductions, e^x and o kept in memory of the first version: a 1,000-token layer (9 heads, 3 KV
 // heads, D = 64) on one Zen 4 core 11.9 -> 7.3 ms (~97 -> ~156 GFLOP/s; VDPBF16PS peak ~232).
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -378,7 +379,7 @@ void prefill_attention_bf16_out(const torch::Tensor& query, const torch::Tensor&
 }
 
 void register_cpu_prefill(pybind11::module& m) {
-  m.def("prefill_attention_bf16_out", &prefill_attention_bf16_out,
+  m.def("prefill_attention_bf16_out", &prefill_attention_bf16_out, BATON_RELEASE_GIL,
         "causal bf16 prefill attention over a paged cache, AVX512_BF16 (kernels/cpu_prefill.py)");
   m.def("has_avx512_bf16_attention", &has_bf16_isa,
         "whether prefill_attention_bf16_out runs on this CPU");

@@ -14,6 +14,7 @@
 // Every position and slot is checked before anything is written. Variants: AVX-512F (16 lanes
 // at a time; needs D % 32 == 0 so each half-rotation is whole vectors) and scalar elsewhere.
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -138,6 +139,6 @@ void rope_write_out(const torch::Tensor& qkv, const torch::Tensor& cos, const to
 }
 
 void register_cpu_rope(pybind11::module& m) {
-  m.def("rope_write_out", &rope_write_out,
+  m.def("rope_write_out", &rope_write_out, BATON_RELEASE_GIL,
         "rotary + KV-cache write of a step's rows, fp32/bf16 CPU (kernels/cpu_rope.py)");
 }

@@ -18,6 +18,7 @@
 // other architectures), so every variant runs the same operations in the same order; only exp
 // differs (AVX-512: exp512 of simd_exp.h, ~1 ulp; else std::exp). Requires D % 8 == 0.
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -251,7 +252,7 @@ void verify_attention_out(const torch::Tensor& qkv, const torch::Tensor& cos,
 }
 
 void register_cpu_verify(pybind11::module& m) {
-  m.def("verify_attention_out", &verify_attention_out,
+  m.def("verify_attention_out", &verify_attention_out, BATON_RELEASE_GIL,
         "rotary + KV write + paged attention of multi-token decode rows, fp32 CPU "
         "(kernels/cpu_verify.py)");
 }

@@ -15,6 +15,7 @@
 // ISA: one build; AVX-512 / AVX2+FMA variants are compiled with target attributes and chosen at
 // run time by __builtin_cpu_supports; a scalar loop covers every other CPU.
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -251,7 +252,7 @@ void register_cpu_sample(pybind11::module& m);  // cpu_sample.cpp
 void register_cpu_rope(pybind11::module& m);    // cpu_rope.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv_out", &gemv_out, "out[B, O] = x[B, K] @ w[O, K].T (fp32, CPU)");
+  m.def("gemv_out", &gemv_out, BATON_RELEASE_GIL, "out[B, O] = x[B, K] @ w[O, K].T (fp32, CPU)");
   register_gemv_bf16(m);
   register_gemv_amx(m);
   register_cpu_decode(m);

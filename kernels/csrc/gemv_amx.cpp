@@ -25,6 +25,7 @@
 // (nor any sequential fp32 order, measured), so this kernel's bits differ from
 // gemv_bf16.cpp's: a model uses one of the two for all its small steps (baton/models/linear.py).
 #include <torch/extension.h>
+#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -189,7 +190,7 @@ void gemv_amx_out(const torch::Tensor& x, const torch::Tensor& wp, torch::Tensor
 }
 
 void register_gemv_amx(pybind11::module& m) {
-  m.def("gemv_amx_out", &gemv_amx_out, "out[B, O] = x[B, K] @ W.T, W packed in AMX units (bf16)");
+  m.def("gemv_amx_out", &gemv_amx_out, BATON_RELEASE_GIL, "out[B, O] = x[B, K] @ W.T, W packed in AMX units (bf16)");
   m.def("has_amx_gemv", [] {
 #if defined(__x86_64__) || defined(_M_X64)
     return baton_amx::usable();
