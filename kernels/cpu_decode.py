@@ -144,15 +144,26 @@ def add_rms_norm_ref(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
     return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
 
 
+def rows_out(rows: int, t: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """An op's output [t, width]: the first t rows of a buffer of max(rows, t) rows whose other
+    rows are zeros, so a GEMM that pads its input to `rows` (baton/models/linear.py
+    `bucket_rows`) takes the buffer itself instead of a padded copy."""
+    if rows <= t:
+        return torch.empty(t, width, dtype=dtype)
+    buf = torch.empty(rows, width, dtype=dtype)
+    buf[t:].zero_()
+    return buf[:t]
+
+
 def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float,
-                 isa: int = ISA_BEST) -> torch.Tensor:
+                 isa: int = ISA_BEST, rows: int = 0) -> torch.Tensor:
     """Native `add_rms_norm_ref`: h [T, H] fp32 or bf16 contiguous (updated in place when r [T, H]
-    is given), w [H], all one dtype → [T, H]. RuntimeError on a wrong shape/dtype or without the
-    extension."""
+    is given), w [H], all one dtype → [T, H] (with rows > T: `rows_out`'s view). RuntimeError on
+    a wrong shape/dtype or without the extension."""
     ext = _gemv._load()
     if ext is None:
         raise RuntimeError("native CPU ops are unavailable (see the log)")
-    out = torch.empty_like(h)
+    out = rows_out(rows, h.shape[0], h.shape[-1], h.dtype) if h.dim() == 2 else torch.empty_like(h)
     ext.add_rms_norm_out(h, _EMPTY if r is None else r, w, eps, out, isa)
     return out
 
@@ -163,13 +174,14 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def silu_mul(gate_up: torch.Tensor, isa: int = ISA_BEST) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, isa: int = ISA_BEST, rows: int = 0) -> torch.Tensor:
     """Native `silu_mul_ref` (fp32 or bf16 contiguous [T, 2I] → [T, I], same dtype; bf16: silu
-    rounded to bf16 before the product, as torch's two ops); RuntimeError as above."""
+    rounded to bf16 before the product, as torch's two ops; with rows > T `rows_out`'s view);
+    RuntimeError as above."""
     ext = _gemv._load()
     if ext is None:
         raise RuntimeError("native CPU ops are unavailable (see the log)")
-    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+    out = rows_out(rows, gate_up.shape[0], gate_up.shape[1] // 2, gate_up.dtype)
     ext.silu_mul_out(gate_up, out, isa)
     return out
 

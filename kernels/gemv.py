@@ -24,7 +24,8 @@ products, one round-to-nearest-even at the end) in one fixed summation order sha
 AVX512_BF16 (`_mm512_dpbf16_ps`), AVX2 (bf16 widened in registers) and scalar variants, so a
 row's result does not depend on the batch, the tiling or the thread count (`gemv_bf16_order_ref`
 replays that order in torch), and the variants agree bit for bit (AVX512_BF16 excepted for
-subnormals, which it flushes).
+subnormals, which it flushes). On CPUs with AMX a bf16 model runs `kernels/gemv_amx.py`
+instead (tile products over re-laid weights; baton/models/linear.py chooses per machine).
 """
 from __future__ import annotations
 

@@ -189,12 +189,14 @@ class PagedAttentionPlan:
                               + self._layer_offsets).unbind()
 
     def prefill_attention(self, kv_rows: torch.Tensor, layer: int, query: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+                          scale: float, rows: int = 0) -> torch.Tensor:
         """query `[Tp, Hq, D]` (packed prefill rows) → `[Tp, Hq, D]`; same math as
         `prefill_attention_ref` (causal, aligned to each sequence's end). bf16 on a CPU with
         AVX512_BF16: `kernels.cpu_prefill`'s native op per sequence (chunking-invariant);
-        otherwise torch's SDPA over the gathered context."""
-        out = torch.empty_like(query)
+        otherwise torch's SDPA over the gathered context. rows > Tp: the output is the first
+        Tp rows of a zero-tailed buffer of `rows` (`kernels.cpu_decode.rows_out`)."""
+        tp, hq, d = query.shape
+        out = cpu_decode.rows_out(rows, tp, hq * d, query.dtype).view(tp, hq, d)
         if not self._prefill_seqs:
             return out
         if self._native_prefill is None:

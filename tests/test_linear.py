@@ -240,3 +240,30 @@ def test_amx_storage_runs_the_amx_kernel_for_the_native_rows() -> None:
     assert torch.equal(lin(x), plain(x))
     assert Linear(w.float(), True, amx=True)._amx is None
     assert torch.equal(lin.matrix(), w)
+
+
+@pytest.mark.skipif(not gemv.gemv_available(), reason="native GEMV did not build here")
+def test_gemm_takes_a_buffer_that_holds_the_padded_rows() -> None:
+    """bf16 past the native rows: x given as the first rows of a bigger contiguous buffer
+    (`kernels.cpu_decode.rows_out`, the native ops' outputs) is multiplied from that buffer,
+    not a padded copy, with the same bits as a fresh x, whatever the buffer's other rows hold."""
+    from baton.models.linear import _padded, bucket_rows, padded_rows
+    from kernels.cpu_decode import rows_out
+
+    w = _rand(48, 64, seed=12).bfloat16()
+    for prepack in (False, True):
+        lin = Linear(w, True, prepack=prepack)
+        for m in (37, 100, 130):
+            b = bucket_rows(m)
+            assert padded_rows(m, torch.bfloat16) == b > m
+            x = rows_out(b, m, 64, torch.bfloat16)
+            base = x.as_strided((b, 64), (64, 1))
+            assert x.untyped_storage().nbytes() == b * 64 * 2 and base[m:].abs().sum() == 0
+            x.copy_(_rand(m, 64, seed=m))
+            padded, rows = _padded(x)
+            assert rows == m and padded.data_ptr() == x.data_ptr() and padded.shape == (b, 64)
+            fresh = x.clone()
+            assert _padded(fresh)[0].data_ptr() != fresh.data_ptr()  # a copy, as before
+            base[m:] = float("nan")  # other rows: no bit of x's rows depends on them
+            assert torch.equal(lin(x), lin(fresh)), (prepack, m)
+    assert padded_rows(20, torch.bfloat16) == 0 and padded_rows(100, torch.float32) == 0

@@ -29,6 +29,7 @@ prefill/chunk rows); `AttentionMetadata` says which tokens belong to whom.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -40,8 +41,8 @@ import torch
 from safetensors.torch import load_file
 
 import kernels
-from baton.models.linear import (Linear, bf16_gemm_in_fp32, prepack_fits, use_amx_gemv,
-                                 use_native_gemv)
+from baton.models.linear import (Linear, bf16_gemm_in_fp32, padded_rows, prepack_fits,
+                                 use_amx_gemv, use_native_gemv)
 from kernels import cpu_decode, cpu_rope, cpu_verify
 from kernels.paged_cpu import PagedAttentionPlan
 
@@ -271,6 +272,12 @@ class DecoderModel:
                            and h.dtype != torch.float32)
         add_norm, silu_mul = ((cpu_decode.add_rms_norm, cpu_decode.silu_mul) if native
                               else (kernels.add_rms_norm, kernels.silu_mul))
+        # the native ops' outputs come with the rows the next bf16 GEMM pads to (linear.py
+        # _padded then takes their buffer, not a padded copy)
+        pad_rows = padded_rows(len(input_ids), h.dtype) if native else 0
+        if pad_rows:
+            add_norm = functools.partial(add_norm, rows=pad_rows)
+            silu_mul = functools.partial(silu_mul, rows=pad_rows)
         if fused:
             x = add_norm(h, None, self.layers[0].input_norm, self.eps)
         native_rope = native and plan is not None
@@ -289,7 +296,7 @@ class DecoderModel:
             if native_rope:
                 q = cpu_rope.rope_write(qkv, self._cos, self._sin_signed, rope_args[0], kv_cache,
                                         i, rope_args[1], s.num_heads)
-                attn = self._attend_cpu(plan, kv_rows, i, q)
+                attn = self._attend_cpu(plan, kv_rows, i, q, pad_rows)
             else:
                 # [T, Hq+Hkv, D], [T, Hkv, D]
                 qk, v = qkv.view(-1, s.num_heads + 2 * s.num_kv_heads, s.head_size).split(
@@ -368,13 +375,14 @@ class DecoderModel:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attend_cpu(self, plan: PagedAttentionPlan, kv_rows: torch.Tensor, layer: int,
-                    q: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D] over the cache (this step's K/V already written) → [T, Hq, D]."""
+                    q: torch.Tensor, rows: int = 0) -> torch.Tensor:
+        """q [T, Hq, D] over the cache (this step's K/V already written) → [T, Hq, D] (a
+        prompt-only step's output inside a buffer of `rows` rows, `kernels.cpu_decode.rows_out`)."""
         td = plan.num_decode_tokens
         if td == q.shape[0]:
             return plan.decode_attention(kv_rows, layer, q, self.scale)
         if td == 0:
-            return plan.prefill_attention(kv_rows, layer, q, self.scale)
+            return plan.prefill_attention(kv_rows, layer, q, self.scale, rows)
         return torch.cat([plan.decode_attention(kv_rows, layer, q[:td], self.scale),
                           plan.prefill_attention(kv_rows, layer, q[td:], self.scale)])
 

@@ -6,7 +6,10 @@ Two storages, chosen once at load for the whole model (`use_native_gemv`):
   contiguous, the layout the native GEMV streams (one contiguous dot product per output). Steps
   of at most `kernels.gemv.MAX_ROWS` tokens run the native kernel (bf16: fp32 sums, batch
   invariant); larger ones (prefill) torch's GEMM on `W.T` (same speed as (in, out) there; bf16
-  goes to oneDNN, with AMX where the CPU has it).
+  goes to oneDNN, with AMX where the CPU has it). bf16 on a CPU with AMX (`use_amx_gemv`):
+  the native rows run `kernels.gemv_amx` on a second copy of W re-laid into its tile units
+  (faster at every row count there, 2× at 16 rows; other bits than the AVX512_BF16 kernel's,
+  so the choice is the machine's, never the step's).
 - torch (every other case, and the fallback when the extension does not build): W stored
   (in, out) so `x @ W` streams rows (faster than `x @ W.T` for a GEMV on CPU, see
   shared/PLATFORM.md); with `split=True` as two column halves multiplied by one batched matmul
@@ -171,14 +174,29 @@ def bucket_rows(m: int) -> int:
     return -(-m // step) * step
 
 
+def padded_rows(m: int, dtype: torch.dtype) -> int:
+    """The rows a bf16 CPU GEMM of m rows runs at (`bucket_rows`), 0 where none is padded
+    (other dtypes, or rows the native GEMV takes)."""
+    if dtype != torch.bfloat16 or m <= native.max_rows(dtype):
+        return 0
+    return bucket_rows(m)
+
+
 def _padded(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(x with its rows zero-padded to `bucket_rows`, its row count) for a bf16 CPU x that
-    torch's GEMM will take; x itself otherwise."""
+    torch's GEMM will take; x itself otherwise. Where x is the leading rows of a contiguous
+    buffer that holds the padded rows already (`kernels.cpu_decode.rows_out`: the native
+    norm, SiLU·mul and prefill attention outputs), that buffer's rows, not a copy; a GEMM's
+    row is computed from that row of x alone, so the other rows' values change no bit of it."""
     m = x.shape[0]
-    if x.dtype != torch.bfloat16 or x.is_cuda or m <= native.max_rows(x.dtype):
+    b = 0 if x.is_cuda else padded_rows(m, x.dtype)
+    if b <= m:
         return x, m
-    b = bucket_rows(m)
-    return (x if b == m else torch.nn.functional.pad(x, (0, 0, 0, b - m))), m
+    width = x.shape[1]  # (the storage, not `x._base`: inference-mode views have no _base)
+    if (x.is_contiguous() and x.storage_offset() == 0
+            and x.untyped_storage().nbytes() >= b * width * x.element_size()):
+        return x.as_strided((b, width), (width, 1)), m
+    return torch.nn.functional.pad(x, (0, 0, 0, b - m)), m
 
 
 class Linear:

@@ -144,6 +144,22 @@ def test_silu_mul(isa, rows, inter):
 
 
 @needs_native
+def test_norm_ops_write_into_a_buffer_with_the_gemm_rows():
+    """rows > T: the output is the first T rows of a zero-tailed [rows, W] buffer, with the
+    same bits as without (decoder.py hands it to the next GEMM, which pads to `rows`)."""
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(37, 64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    gu = torch.randn(37, 80, generator=g).bfloat16()
+    for got, want, width in ((cd.add_rms_norm(h.clone(), None, w, 1e-5, rows=48),
+                              cd.add_rms_norm(h.clone(), None, w, 1e-5), 64),
+                             (cd.silu_mul(gu, rows=48), cd.silu_mul(gu), 40)):
+        assert torch.equal(got, want) and got.shape == (37, width)
+        buf = got.as_strided((48, width), (width, 1))
+        assert got.untyped_storage().nbytes() == 48 * width * 2 and buf[37:].abs().sum() == 0
+    assert cd.silu_mul(gu, rows=30).untyped_storage().nbytes() == 37 * 40 * 2  # plain output
+
+
+@needs_native
 def test_norm_ops_reject_mixed_dtypes():
     h = torch.ones(2, 8, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="cpu_norm"):
