@@ -120,8 +120,8 @@ def use_amx_gemv(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
     allowed (CPU flags and the OS, never a timing) and the re-laid copy of the `weight_bytes`
     of matrices is at most PREPACK_MAX_FRACTION of MemTotal (the same answer in every process
     of a machine: the two kernels' bits differ, and disaggregated = colocated needs one). On
-    the AMX Xeon of BENCHMARKS.md's thirteenth pass SmolLM2-135M's 121 matrices took 11.4 ms
-    at 8 rows against 14.7, 13.0 against 27.0 at 16, 10.1 against 10.3 at one.
+    the AMX Xeon of BENCHMARKS.md's thirteenth pass SmolLM2-135M's 121 matrices took 10.5 ms
+    at one row against 10.8, 11.4 against 15.0 at 8 rows, 12.8 against 26.3 at 16.
     $BATON_BF16_GEMV=avx512 turns it off, =amx asks for it (still only where AMX runs); another
     value raises ValueError."""
     forced = os.environ.get(GEMV_ENV, "").strip().lower()
@@ -258,10 +258,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] → [T, out], x's dtype; bf16 GEMMs on CPU run at `bucket_rows(T)` rows.
-        A decode step's few rows go straight to the native kernel (the AMX one where `amx`;
-        `kernels.gemv.gemv`'s
-        checks, which cost ~3.5 µs a call of ~120 a step, are the extension's own: it raises
-        RuntimeError on a wrong dtype, shape or stride)."""
+        A decode step's few rows go straight to the native kernel, the AMX one where `amx`
+        (`kernels.gemv.gemv`'s checks, which cost ~3.5 µs a call of ~120 a step, are the
+        extension's own: it raises RuntimeError on a wrong dtype, shape or stride)."""
         if (self._gemv_out is not None and x.shape[0] <= self._max_rows
                 and x.dtype == self.weight.dtype and x.dim() == 2 and x.stride(1) == 1):
             y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)

@@ -19,7 +19,6 @@
 // ISA: an AVX-512F variant (exp: Cephes expf polynomial + scalef, ~1 ulp) chosen at run time by
 // __builtin_cpu_supports, and a portable scalar one (std::exp) everywhere else.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "release_gil.h"
 #include "scores_bf16.h"
 #include "simd_exp.h"
 

@@ -12,7 +12,6 @@
 // ISA: AVX-512F (exp512 of simd_exp.h) when the CPU has it, a portable scalar loop (std::exp)
 // otherwise; both give the same rms_norm bits (same per-lane order, no FMA contraction).
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -20,6 +19,7 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "release_gil.h"
 #include "simd_exp.h"
 
 namespace {
@@ -213,7 +213,8 @@ void silu_mul_out(const torch::Tensor& gu, torch::Tensor& out, int64_t isa) {
 }
 
 void register_cpu_norm(pybind11::module& m) {
-  m.def("add_rms_norm_out", &add_rms_norm_out, BATON_RELEASE_GIL, "h += r; out = rms_norm(h) * w (fp32/bf16 CPU)");
+  m.def("add_rms_norm_out", &add_rms_norm_out, BATON_RELEASE_GIL,
+        "h += r; out = rms_norm(h) * w (fp32/bf16 CPU)");
   m.def("silu_mul_out", &silu_mul_out, BATON_RELEASE_GIL, "out = silu(gate) * up (fp32/bf16 CPU)");
   m.def("has_avx512", [] { return has_avx512(0); }, "whether the AVX-512F variants run here");
 }

@@ -14,7 +14,6 @@
 // Every position and slot is checked before anything is written. Variants: AVX-512F (16 lanes
 // at a time; needs D % 32 == 0 so each half-rotation is whole vectors) and scalar elsewhere.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "release_gil.h"
 
 namespace {
 

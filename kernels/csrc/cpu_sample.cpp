@@ -7,7 +7,6 @@
 // passes (amax, sub, exp, sum, log) plus an fp32 copy of bf16 logits: ~0.4 ms per step at
 // batch 1 over SmolLM2's 49,152-token vocabulary on the Zen 4 VM. Rows over threads.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -15,6 +14,7 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "release_gil.h"
 #include "simd_exp.h"
 
 namespace {
@@ -115,5 +115,6 @@ void greedy_lse_out(const torch::Tensor& logits, torch::Tensor& ids, torch::Tens
 }
 
 void register_cpu_sample(pybind11::module& m) {
-  m.def("greedy_lse_out", &greedy_lse_out, BATON_RELEASE_GIL, "argmax and logsumexp per row of [B, V] logits");
+  m.def("greedy_lse_out", &greedy_lse_out, BATON_RELEASE_GIL,
+        "argmax and logsumexp per row of [B, V] logits");
 }

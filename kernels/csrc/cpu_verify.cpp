@@ -18,7 +18,6 @@
 // other architectures), so every variant runs the same operations in the same order; only exp
 // differs (AVX-512: exp512 of simd_exp.h, ~1 ulp; else std::exp). Requires D % 8 == 0.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "release_gil.h"
 #include "simd_exp.h"
 
 namespace {

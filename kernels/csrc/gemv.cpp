@@ -15,10 +15,11 @@
 // ISA: one build; AVX-512 / AVX2+FMA variants are compiled with target attributes and chosen at
 // run time by __builtin_cpu_supports; a scalar loop covers every other CPU.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+
+#include "release_gil.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

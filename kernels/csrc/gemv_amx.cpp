@@ -8,7 +8,7 @@
 // TDPBF16PS computes a 16-output × B-row block of the step: C[o][b] += W[o][32c..] · x[b][32c..].
 //
 // Why: VDPBF16PS (gemv_bf16.cpp) is compute-bound on this kind of CPU from ~5 rows of x (an
-// 8-row decode step of SmolLM2-135M's 121 matrices 13.9 ms against 9.7 for one row); one
+// 8-row decode step of SmolLM2-135M's 121 matrices 15.0 ms against 10.8 for one row); one
 // TDPBF16PS does 16 × 16 × 32 products, so the step stays at the weight-read time up to 32
 // rows (BENCHMARKS.md, thirteenth pass). W read in place (row stride K, not re-laid) was slower
 // than the AVX512_BF16 kernel at 1–4 rows (12 vs 10 ms): the contiguous units are what let the
@@ -25,7 +25,6 @@
 // (nor any sequential fp32 order, measured), so this kernel's bits differ from
 // gemv_bf16.cpp's: a model uses one of the two for all its small steps (baton/models/linear.py).
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -35,6 +34,7 @@
 
 #include "amx.h"
 #include "bf16.h"
+#include "release_gil.h"
 
 namespace {
 
@@ -190,7 +190,8 @@ void gemv_amx_out(const torch::Tensor& x, const torch::Tensor& wp, torch::Tensor
 }
 
 void register_gemv_amx(pybind11::module& m) {
-  m.def("gemv_amx_out", &gemv_amx_out, BATON_RELEASE_GIL, "out[B, O] = x[B, K] @ W.T, W packed in AMX units (bf16)");
+  m.def("gemv_amx_out", &gemv_amx_out, BATON_RELEASE_GIL,
+        "out[B, O] = x[B, K] @ W.T, W packed in AMX units (bf16)");
   m.def("has_amx_gemv", [] {
 #if defined(__x86_64__) || defined(_M_X64)
     return baton_amx::usable();

@@ -17,7 +17,6 @@
 // prefetch of the next tile (AVX512_BF16: 4 tiles ahead into L2, PF_TILES) and threading are
 // gemv.cpp's (see there), at half the bytes per row.
 #include <torch/extension.h>
-#include "release_gil.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "release_gil.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define BATON_X86 1
@@ -346,6 +346,7 @@ void gemv_bf16_out(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor
 }
 
 void register_gemv_bf16(pybind11::module& m) {
-  m.def("gemv_bf16_out", &gemv_bf16_out, BATON_RELEASE_GIL, "out[B, O] = x[B, K] @ w[O, K].T (bf16, fp32 sums, CPU)");
+  m.def("gemv_bf16_out", &gemv_bf16_out, BATON_RELEASE_GIL,
+        "out[B, O] = x[B, K] @ w[O, K].T (bf16, fp32 sums, CPU)");
   m.def("has_avx512_bf16", [] { return cpu_has_dp(); }, "whether the AVX512_BF16 GEMV runs here");
 }
