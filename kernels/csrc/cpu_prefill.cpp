@@ -51,9 +51,238 @@
 #include "bf16.h"
 #include "isa.h"
 #include "kv_pack.h"
-#include "prefill_amx.h"
 #include "release_gil.h"
 #include "simd_exp.h"
+
+namespace {
+
+using baton::bf16;
+constexpr int64_t KT = baton::PACK_KEYS;  // keys per tile
+constexpr int64_t QT = 16;  // query tokens per item (fewer when that leaves threads idle)
+constexpr int64_t KW = KT / 2;  // 32-bit words (bf16 pairs) of one row's p per tile
+
+struct Args {
+  const uint16_t* q; int64_t ldq;  // [Tq, Hq·D] rows (token stride ldq, heads contiguous)
+  const uint16_t* cache;           // [NB, L, 2, BS, Hkv, D]
+  int64_t layer, L, BS, Hq, Hkv, D, G;
+  const int32_t* table;
+  int64_t N, Tq, base;             // seq_len, query tokens, position of query token 0
+  float scale;
+  uint16_t* out; int64_t ldo;      // [Tq, Hq·D]
+  int64_t tiles;                   // key tiles = ceil(N / KT)
+  int64_t qt;                      // query tokens per item, ≤ QT
+  uint32_t* kp; uint32_t* vp;      // packed K, V: per head tiles · KT·D/2 words each
+};
+
+inline const uint16_t* kv_row(const Args& a, int64_t kv, int64_t n, int64_t h) {
+  const int64_t block = a.table[n / a.BS];
+  return a.cache + ((((block * a.L + a.layer) * 2 + kv) * a.BS + n % a.BS) * a.Hkv + h) * a.D;
+}
+
+// Tile t of KV head h packed (kv_pack.h: K words [d pair][KT keys], V words [key pair][D];
+// positions past N zero), by AVX-512 where D % 32 == 0.
+inline void pack(const Args& a, int64_t h, int64_t t, bool vector) {
+  const int64_t n0 = t * KT, words = KT * a.D / 2;
+  const uint16_t* k[KT];
+  const uint16_t* v[KT];
+  for (int64_t j = 0; j < KT; ++j) {
+    k[j] = n0 + j < a.N ? kv_row(a, 0, n0 + j, h) : nullptr;
+    v[j] = n0 + j < a.N ? kv_row(a, 1, n0 + j, h) : nullptr;
+  }
+  uint32_t* kp = a.kp + (h * a.tiles + t) * words;
+  uint32_t* vp = a.vp + (h * a.tiles + t) * words;
+#ifdef BATON_X86
+  if (vector) return baton::pack_tile_avx512(k, v, a.D, kp, vp);
+#endif
+  baton::pack_tile(k, v, a.D, kp, vp);
+}
+
+struct Scratch {
+  std::vector<uint32_t> q;   // [R4][D/2] words
+  std::vector<uint32_t> p;   // [4][KW] words: the current group's bf16 p pairs
+  std::vector<float> o, m, l, alpha;
+  std::vector<int64_t> last;
+  std::vector<float> scores, pv;  // the AMX item's tile stores (prefill_amx.h)
+};
+
+#ifdef BATON_X86
+#define BATON_BF16_TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+BATON_BF16_TARGET inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+BATON_BF16_TARGET inline __m512i bcast(const uint32_t* w) {
+  return _mm512_set1_epi32(static_cast<int>(*w));
+}
+
+// acc[u][c] = q_u · k for 4 rows u and the keys of vector c < NK (16 keys each) of a packed K
+// tile; vectors c >= NK are set to 0 (their keys are masked by the caller).
+template <int NK>
+BATON_BF16_TARGET inline void qk(const uint32_t* kt, const uint32_t* qr, int64_t DP,
+                                 __m512 (&acc)[4][4]) {
+  for (int u = 0; u < 4; ++u)
+    for (int c = 0; c < 4; ++c) acc[u][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < DP; ++d) {
+    const uint32_t* kd = kt + d * KT;
+    __m512i k[NK];
+    for (int c = 0; c < NK; ++c) k[c] = _mm512_loadu_si512(kd + 16 * c);
+    for (int u = 0; u < 4; ++u) {
+      const __m512i qw = bcast(qr + u * DP + d);
+      for (int c = 0; c < NK; ++c) acc[u][c] = dp(acc[u][c], qw, k[c]);
+    }
+  }
+}
+
+// o[u] = o[u]·alpha[u] + Σ_m p[u][m] · v[m] for 4 rows over d in [d0, d0 + 16·NV), key pairs
+// [0, mpn).
+template <int NV>
+BATON_BF16_TARGET inline void pv(const uint32_t* vt, int64_t D, int64_t d0, const uint32_t* p,
+                                 float* o, const float* alpha, int64_t mpn) {
+  __m512 acc[4][NV];
+  for (int u = 0; u < 4; ++u) {
+    const __m512 av = _mm512_set1_ps(alpha[u]);
+    for (int c = 0; c < NV; ++c)
+      acc[u][c] = _mm512_mul_ps(_mm512_loadu_ps(o + u * D + d0 + 16 * c), av);
+  }
+  for (int64_t mp = 0; mp < mpn; ++mp) {
+    const uint32_t* vm = vt + mp * D + d0;
+    __m512i v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = _mm512_loadu_si512(vm + 16 * c);
+    for (int u = 0; u < 4; ++u) {
+      const __m512i pw = bcast(p + u * KW + mp);
+      for (int c = 0; c < NV; ++c) acc[u][c] = dp(acc[u][c], pw, v[c]);
+    }
+  }
+  for (int u = 0; u < 4; ++u)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + u * D + d0 + 16 * c, acc[u][c]);
+}
+
+// The online-softmax step of rows r0..r0+3 (file comment) over key tile n0, given their scores
+// acc[u][c] (keys n0 + 16c + lane; keys past a row's last position are masked here): updates
+// s.m and s.l, writes each row's α to alpha[u] and its bf16 p pairs to p_out[u·KW ..] (word m =
+// keys 2m, 2m + 1). Shared by the AVX512_BF16 and the AMX items, so both round alike.
+BATON_BF16_TARGET inline void softmax4(Scratch& s, int64_t r0, int64_t n0, __m512 (&acc)[4][4],
+                                       __m512 sl2, uint32_t* p_out, float* alpha) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __mmask16 km[4][4];
+  bool diag = false;
+  __m512 mx[4];
+  for (int u = 0; u < 4; ++u) {
+    const int64_t vis = s.last[r0 + u] - n0;  // last visible key of the tile (may be < 0)
+    if (vis < KT - 1) {
+      diag = true;
+      const __m512i lim = _mm512_set1_epi32(static_cast<int>(std::max<int64_t>(vis, -1)));
+      for (int c = 0; c < 4; ++c) {
+        const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
+        km[u][c] = _mm512_cmple_epi32_mask(key, lim);
+        acc[u][c] = _mm512_mask_mov_ps(ninf, km[u][c], acc[u][c]);
+      }
+    } else {
+      for (int c = 0; c < 4; ++c) km[u][c] = 0xFFFF;
+    }
+    mx[u] = _mm512_max_ps(_mm512_max_ps(acc[u][0], acc[u][1]),
+                          _mm512_max_ps(acc[u][2], acc[u][3]));
+  }
+  alignas(16) float mt[4], ls[4];
+  _mm_store_ps(mt, _mm_mul_ps(reduce4<true>(mx), _mm512_castps512_ps128(sl2)));
+  __m512 ps[4];
+  for (int u = 0; u < 4; ++u) {
+    const int64_t r = r0 + u;
+    const float mn = std::max(s.m[r], mt[u]);
+    const __m512 mv = _mm512_set1_ps(mn);
+    __m512 p[4];
+    for (int c = 0; c < 4; ++c) p[c] = exp2_512(_mm512_fmsub_ps(acc[u][c], sl2, mv));
+    if (diag)
+      for (int c = 0; c < 4; ++c) p[c] = _mm512_maskz_mov_ps(km[u][c], p[c]);
+    alpha[u] = s.m[r] == mn ? 1.0f : std::exp2(s.m[r] - mn);
+    s.m[r] = mn;
+    ps[u] = _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3]));
+    // bf16 pairs in key order: word m = (p[2m], p[2m+1])
+    _mm512_storeu_si512(&p_out[u * KW], (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
+    _mm512_storeu_si512(&p_out[u * KW + 16], (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
+  }
+  _mm_store_ps(ls, reduce4<false>(ps));
+  for (int u = 0; u < 4; ++u) s.l[r0 + u] = s.l[r0 + u] * alpha[u] + ls[u];
+}
+
+// An item's rows: query tokens [i0, i0 + ti) of KV head h, R = ti·G rows (token-major, head g of
+// token i is row (i − i0)·G + g), padded to RP rows, a multiple of the group the item runs at once.
+struct ItemRows { int64_t i0, ti, R, RP; };
+
+// Sets up s for an item run `group` rows at a time: each row's q (bf16 pairs; padding rows 0),
+// o = 0, m = −inf, l = 0, and its last visible position (padding rows repeat the last row's).
+inline ItemRows begin_item(const Args& a, int64_t h, int64_t qt, int64_t group, Scratch& s) {
+  const int64_t D = a.D, DP = D / 2, G = a.G, i0 = qt * a.qt;
+  const int64_t ti = std::min(a.qt, a.Tq - i0), R = ti * G, RP = (R + group - 1) / group * group;
+  s.q.assign(RP * DP, 0u);
+  s.o.assign(RP * D, 0.0f);
+  s.m.assign(RP, -std::numeric_limits<float>::infinity());
+  s.l.assign(RP, 0.0f);
+  s.last.resize(RP);
+  for (int64_t r = 0; r < RP; ++r) {
+    const int64_t rr = std::min(r, R - 1), i = i0 + rr / G, g = rr % G;
+    s.last[r] = a.base + i;
+    if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
+  }
+  return {i0, ti, R, RP};
+}
+
+// out rows of the item: bf16(o / l), rounded to nearest even once.
+BATON_BF16_TARGET inline void finish_item(const Args& a, int64_t h, const ItemRows& it,
+                                          const Scratch& s) {
+  const int64_t D = a.D, G = a.G;
+  for (int64_t r = 0; r < it.R; ++r) {
+    const int64_t i = it.i0 + r / G, g = r % G;
+    const __m512 inv = _mm512_set1_ps(1.0f / s.l[r]);
+    uint16_t* dst = a.out + i * a.ldo + (h * G + g) * D;
+    for (int64_t d = 0; d < D; d += 16)
+      baton::store16(reinterpret_cast<bf16*>(dst + d),
+                     _mm512_mul_ps(_mm512_loadu_ps(&s.o[r * D + d]), inv));
+  }
+}
+
+BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
+  const int64_t D = a.D, DP = D / 2;
+  const ItemRows it = begin_item(a, h, qt, 4, s);
+  const int64_t R4 = it.RP;
+  s.p.resize(4 * KW);
+  s.alpha.resize(4);
+  const int64_t end = a.base + it.i0 + it.ti;
+  const int64_t tiles = (end + KT - 1) / KT;
+  const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
+  const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
+  const __m512 sl2 = _mm512_set1_ps(a.scale * 1.4426950408889634f);  // scale·log2(e)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint32_t* kt = kp + t * KT * DP;
+    const uint32_t* vt = vp + t * KT * DP;
+    const int64_t n0 = t * KT;
+    for (int64_t r0 = 0; r0 < R4; r0 += 4) {
+      if (s.last[r0 + 3] < n0) continue;  // no row of the group sees this tile
+      __m512 acc[4][4];
+      // key vectors past the group's last visible key are all masked: not computed
+      switch (std::min<int64_t>(4, (s.last[r0 + 3] - n0) / 16 + 1)) {
+        case 1: qk<1>(kt, &s.q[r0 * DP], DP, acc); break;
+        case 2: qk<2>(kt, &s.q[r0 * DP], DP, acc); break;
+        case 3: qk<3>(kt, &s.q[r0 * DP], DP, acc); break;
+        default: qk<4>(kt, &s.q[r0 * DP], DP, acc); break;
+      }
+      softmax4(s, r0, n0, acc, sl2, &s.p[0], s.alpha.data());
+      // key pairs past the group's last visible key have p = 0 for every row: skipped
+      const int64_t mpn = std::min<int64_t>(KW, (s.last[r0 + 3] - n0) / 2 + 1);
+      float* o = &s.o[r0 * D];
+      int64_t d0 = 0;
+      for (; d0 + 64 <= D; d0 += 64) pv<4>(vt, D, d0, s.p.data(), o, s.alpha.data(), mpn);
+      switch ((D - d0) / 16) {
+        case 1: pv<1>(vt, D, d0, s.p.data(), o, s.alpha.data(), mpn); break;
+        case 2: pv<2>(vt, D, d0, s.p.data(), o, s.alpha.data(), mpn); break;
+        case 3: pv<3>(vt, D, d0, s.p.data(), o, s.alpha.data(), mpn); break;
+        default: break;
+      }
+    }
+  }
+  finish_item(a, h, it, s);
+}
+#include "prefill_amx.h"
 #endif
 
 bool has_bf16_isa() {
