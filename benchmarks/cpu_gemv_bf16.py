@@ -97,7 +97,7 @@ def bench_step(model: str, rounds: int, context: int, clock) -> None:
         mb = sum(w.numel() * w.element_size() for w in weights[d]) / 1e6
         print(f"  {d:9s} step {step:6.1f} ms  read floor {floor:5.1f} ms ({mb:.0f} MB)  "
               f"{step / floor:.2f}x the floor  [native GEMV {m.native_gemv}, "
-              f"AMX GEMV {getattr(m, 'amx_gemv', False)}, "
+              f"AMX GEMV {m.amx_gemv}, "
               f"fused decode ops {m.fused_decode}]  rounds "
               + " ".join(f"{v:.1f}" for v in steps[d]))
     ratio = statistics.median(steps["bfloat16"]) / statistics.median(steps["float32"])

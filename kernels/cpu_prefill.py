@@ -42,11 +42,9 @@ def available() -> bool:
     return ext is not None and bool(ext.has_avx512_bf16_attention())
 
 
-def amx_available() -> bool:
-    """True when the op's AMX item runs here (AMX-TILE and AMX-BF16, enabled by the OS for this
-    process); `prefill_attention` then takes it for head sizes that are multiples of 32."""
-    ext = _gemv._load()
-    return ext is not None and bool(ext.has_amx_attention())  # implies AVX512_BF16
+# whether the op's AMX item runs here (AMX-TILE and AMX-BF16, enabled by the OS for this
+# process); `prefill_attention` then takes it for head sizes that are multiples of 32
+amx_available = _gemv.amx_available
 
 
 def supported(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -177,6 +177,14 @@ def gemv_available() -> bool:
     return _load() is not None
 
 
+def amx_available() -> bool:
+    """True when the extension is built and this CPU and OS allow AMX tiles (amx.h's one check,
+    which implies AVX512_BF16): the AMX GEMV (kernels/gemv_amx.py) and the prefill attention's
+    AMX item (kernels/cpu_prefill.py) run here."""
+    ext = _load()
+    return ext is not None and bool(ext.has_amx())
+
+
 def _run(ext, x: torch.Tensor, w: torch.Tensor, isa: int) -> torch.Tensor:
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
     (ext.gemv_out if x.dtype == torch.float32 else ext.gemv_bf16_out)(x, w, out, isa)

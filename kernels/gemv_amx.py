@@ -23,11 +23,7 @@ MAX_ROWS = 32  # two B tiles of 16 x rows; more rows go to torch's GEMM (as MAX_
 OUT_UNIT, IN_CHUNK = 16, 32  # one A tile: 16 outputs × 32 inputs
 
 
-def available() -> bool:
-    """True when the extension is built and this CPU and OS allow AMX tiles (implies
-    AVX512_BF16)."""
-    ext = _gemv._load()
-    return ext is not None and bool(ext.has_amx_gemv())
+available = _gemv.amx_available  # the extension is built and AMX tiles run here
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,20 @@ def _meminfo_bytes(field: str, meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def _forced(env: str, choices: tuple[str, ...]) -> str:
+    """$env lower-cased ("" when unset); ValueError when set to none of `choices`."""
+    forced = os.environ.get(env, "").strip().lower()
+    if forced and forced not in choices:
+        raise ValueError(f"{env} must be {' or '.join(choices)}, got {forced!r}")
+    return forced
+
+
+def _total_holds(copy_bytes: int, meminfo: str) -> bool:
+    """Whether a copy of `copy_bytes` is at most PREPACK_MAX_FRACTION of MemTotal (the total,
+    not the free memory: the same answer in every process of the machine)."""
+    return copy_bytes <= PREPACK_MAX_FRACTION * (_meminfo_bytes("MemTotal", meminfo) or 0)
+
+
 def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
                       meminfo: str = "/proc/meminfo") -> bool:
     """Whether a bf16 model's prompt GEMMs (`weight_bytes` of bf16 matrices) run in fp32 on
@@ -97,12 +111,10 @@ def bf16_gemm_in_fp32(weight_bytes: int, cpuinfo: str = "/proc/cpuinfo",
     PREPACK_MAX_FRACTION of MemTotal (the total, not the free memory: the same answer in every
     process of the machine). $BATON_BF16_GEMM=fp32|bf16 overrides the CPU rule (not the
     memory bound); another value raises ValueError."""
-    forced = os.environ.get(GEMM_ENV, "").strip().lower()
-    if forced not in ("", "fp32", "bf16"):
-        raise ValueError(f"{GEMM_ENV} must be fp32 or bf16, got {forced!r}")
+    forced = _forced(GEMM_ENV, ("fp32", "bf16"))
     if forced == "bf16" or not torch.backends.mkldnn.is_available():
         return False
-    if 2 * weight_bytes > PREPACK_MAX_FRACTION * (_meminfo_bytes("MemTotal", meminfo) or 0):
+    if not _total_holds(2 * weight_bytes, meminfo):
         return False
     if forced == "fp32":
         return True
@@ -124,12 +136,8 @@ def use_amx_gemv(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
     at one row against 10.8, 11.4 against 15.0 at 8 rows, 12.8 against 26.3 at 16.
     $BATON_BF16_GEMV=avx512 turns it off, =amx asks for it (still only where AMX runs); another
     value raises ValueError."""
-    forced = os.environ.get(GEMV_ENV, "").strip().lower()
-    if forced not in ("", "amx", "avx512"):
-        raise ValueError(f"{GEMV_ENV} must be amx or avx512, got {forced!r}")
-    if forced == "avx512" or not gemv_amx.available():
-        return False
-    return weight_bytes <= PREPACK_MAX_FRACTION * (_meminfo_bytes("MemTotal", meminfo) or 0)
+    return (_forced(GEMV_ENV, ("amx", "avx512")) != "avx512" and gemv_amx.available()
+            and _total_holds(weight_bytes, meminfo))
 
 
 def prepack_weight(w: torch.Tensor) -> torch.Tensor | None:

@@ -16,12 +16,16 @@
 
 namespace baton_amx {
 
-// Whether this CPU has AMX-TILE and AMX-BF16 (CPUID.7.0:EDX[24, 22]) and AVX512_BF16, the OS
-// saves tile state (XCR0 bits 17, 18), and Linux lets this process use tile data
-// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)). Decided once per process.
+// Whether this CPU has AMX-TILE and AMX-BF16 (CPUID.7.0:EDX[24, 22]) and the AVX-512 subsets
+// BATON_AMX_TARGET compiles for (F, BF16, BW, VL), the OS saves tile state (XCR0 bits 17, 18),
+// and Linux lets this process use tile data (arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA)). Decided once per process; the one check of every AMX op (the Python
+// side asks it through the extension's `has_amx`).
 inline bool usable() {
   static const bool ok = [] {
-    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return false;
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16") ||
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+      return false;
     unsigned a, b, c, d;
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
     if (!((d >> 24) & 1) || !((d >> 22) & 1)) return false;

@@ -207,7 +207,13 @@ BATON_BF16_TARGET inline void softmax4(Scratch& s, int64_t r0, int64_t n0, __m51
 
 // An item's rows: query tokens [i0, i0 + ti) of KV head h, R = ti·G rows (token-major, head g of
 // token i is row (i − i0)·G + g), padded to RP rows, a multiple of the group the item runs at once.
-struct ItemRows { int64_t i0, ti, R, RP; };
+// An item's rows (query tokens i0 .. i0 + ti, R = ti·G rows padded to RP) and what it reads:
+// the key tiles up to its last token's position, of head h's packed K and V.
+struct ItemRows {
+  int64_t i0, ti, R, RP, tiles;
+  const uint32_t* kp;
+  const uint32_t* vp;
+};
 
 // Sets up s for an item run `group` rows at a time: each row's q (bf16 pairs; padding rows 0),
 // o = 0, m = −inf, l = 0, and its last visible position (padding rows repeat the last row's).
@@ -224,7 +230,8 @@ inline ItemRows begin_item(const Args& a, int64_t h, int64_t qt, int64_t group, 
     s.last[r] = a.base + i;
     if (r < R) std::memcpy(&s.q[r * DP], a.q + i * a.ldq + (h * G + g) * D, D * 2);
   }
-  return {i0, ti, R, RP};
+  const int64_t end = a.base + i0 + ti, head = h * a.tiles * KT * DP;
+  return {i0, ti, R, RP, (end + KT - 1) / KT, a.kp + head, a.vp + head};
 }
 
 // out rows of the item: bf16(o / l), rounded to nearest even once.
@@ -247,14 +254,10 @@ BATON_BF16_TARGET void item(const Args& a, int64_t h, int64_t qt, Scratch& s) {
   const int64_t R4 = it.RP;
   s.p.resize(4 * KW);
   s.alpha.resize(4);
-  const int64_t end = a.base + it.i0 + it.ti;
-  const int64_t tiles = (end + KT - 1) / KT;
-  const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
-  const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
   const __m512 sl2 = _mm512_set1_ps(a.scale * 1.4426950408889634f);  // scale·log2(e)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint32_t* kt = kp + t * KT * DP;
-    const uint32_t* vt = vp + t * KT * DP;
+  for (int64_t t = 0; t < it.tiles; ++t) {
+    const uint32_t* kt = it.kp + t * KT * DP;
+    const uint32_t* vt = it.vp + t * KT * DP;
     const int64_t n0 = t * KT;
     for (int64_t r0 = 0; r0 < R4; r0 += 4) {
       if (s.last[r0 + 3] < n0) continue;  // no row of the group sees this tile
@@ -297,7 +300,7 @@ bool has_bf16_isa() {
 
 bool has_amx_isa() {
 #ifdef BATON_X86
-  return has_bf16_isa() && baton_amx::usable();
+  return baton_amx::usable();  // implies has_bf16_isa()
 #else
   return false;
 #endif
@@ -383,6 +386,4 @@ void register_cpu_prefill(pybind11::module& m) {
         "causal bf16 prefill attention over a paged cache, AVX512_BF16 (kernels/cpu_prefill.py)");
   m.def("has_avx512_bf16_attention", &has_bf16_isa,
         "whether prefill_attention_bf16_out runs on this CPU");
-  m.def("has_amx_attention", &has_amx_isa,
-        "whether prefill_attention_bf16_out's AMX item (isa 5) runs on this CPU and OS");
 }

@@ -192,11 +192,11 @@ void gemv_amx_out(const torch::Tensor& x, const torch::Tensor& wp, torch::Tensor
 void register_gemv_amx(pybind11::module& m) {
   m.def("gemv_amx_out", &gemv_amx_out, BATON_RELEASE_GIL,
         "out[B, O] = x[B, K] @ W.T, W packed in AMX units (bf16)");
-  m.def("has_amx_gemv", [] {
+  m.def("has_amx", [] {
 #if defined(__x86_64__) || defined(_M_X64)
     return baton_amx::usable();
 #else
     return false;
 #endif
-  }, "whether this CPU and OS allow AMX tiles");
+  }, "whether this CPU and OS allow AMX tiles (amx.h; the AMX GEMV and prefill attention item)");
 }

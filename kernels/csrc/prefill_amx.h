@@ -59,13 +59,10 @@ BATON_AMX_TARGET void item_amx(const Args& a, int64_t h, int64_t qt, Scratch& s)
   s.alpha.resize(AR);
   s.scores.resize(AR * KT);
   s.pv.resize(AR * D);
-  const int64_t end = a.base + it.i0 + it.ti, tiles = (end + KT - 1) / KT;
-  const uint32_t* kp = a.kp + h * a.tiles * KT * DP;
-  const uint32_t* vp = a.vp + h * a.tiles * KT * DP;
   const __m512 sl2 = _mm512_set1_ps(a.scale * 1.4426950408889634f);  // scale·log2(e)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint32_t* kt = kp + t * KT * DP;
-    const uint32_t* vt = vp + t * KT * DP;
+  for (int64_t t = 0; t < it.tiles; ++t) {
+    const uint32_t* kt = it.kp + t * KT * DP;
+    const uint32_t* vt = it.vp + t * KT * DP;
     const int64_t n0 = t * KT;
     for (int64_t r0 = 0; r0 < RA; r0 += AR) {
       const int64_t vis = s.last[r0 + AR - 1] - n0;  // the group's last visible key
