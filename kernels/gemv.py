@@ -56,11 +56,12 @@ _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 _SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
 # one extension: gemv.cpp's module init also registers the ops of gemv_bf16.cpp, gemv_amx.cpp
-# (kernels/gemv_amx.py), cpu_decode.cpp
+# and gemm_amx.cpp (kernels/gemv_amx.py), cpu_decode.cpp
 # and cpu_norm.cpp (used by kernels/cpu_decode.py), cpu_verify.cpp (kernels/cpu_verify.py) and
 # cpu_prefill.cpp (kernels/cpu_prefill.py), cpu_sample.cpp (kernels/cpu_sample.py), cpu_rope.cpp
 # (kernels/cpu_rope.py); the build key hashes the headers too
 _SOURCES = [_SOURCE, _SOURCE.parent / "gemv_bf16.cpp", _SOURCE.parent / "gemv_amx.cpp",
+            _SOURCE.parent / "gemm_amx.cpp",
             _SOURCE.parent / "cpu_decode.cpp",
             _SOURCE.parent / "cpu_norm.cpp", _SOURCE.parent / "cpu_verify.cpp",
             _SOURCE.parent / "cpu_prefill.cpp", _SOURCE.parent / "cpu_sample.cpp",

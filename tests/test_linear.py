@@ -200,15 +200,15 @@ def test_fp32_gemm_of_bf16_weights_rounds_the_fp32_product(native: bool, split: 
 
 
 def test_amx_gemv_rule(tmp_path, monkeypatch) -> None:
-    """The AMX GEMV where AMX runs and MemTotal holds the re-laid copy (the total, so every
-    process of a machine answers the same), unless $BATON_BF16_GEMV=avx512."""
+    """The AMX GEMV and GEMM where AMX runs and MemTotal holds their two re-laid copies (the
+    total, so every process of a machine answers the same), unless $BATON_BF16_GEMV=avx512."""
     from baton.models.linear import PREPACK_MAX_FRACTION, use_amx_gemv
     from kernels import gemv_amx
 
     monkeypatch.delenv("BATON_BF16_GEMV", raising=False)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 100 kB\n")
-    limit = int(PREPACK_MAX_FRACTION * 16000000 * 1024)
+    limit = int(PREPACK_MAX_FRACTION * 16000000 * 1024) // 2  # two re-laid copies
     amx = gemv_amx.available()
     assert use_amx_gemv(limit, str(meminfo)) == amx
     assert not use_amx_gemv(limit + 1, str(meminfo))
@@ -240,6 +240,27 @@ def test_amx_storage_runs_the_amx_kernel_for_the_native_rows() -> None:
     assert torch.equal(lin(x), plain(x))
     assert Linear(w.float(), True, amx=True)._amx is None
     assert torch.equal(lin.matrix(), w)
+
+
+@pytest.mark.skipif(not gemv.gemv_available(), reason="native GEMV did not build here")
+@pytest.mark.parametrize("rows", [33, 48, 100, 513])
+def test_amx_storage_runs_the_amx_gemm_past_the_native_rows(rows: int) -> None:
+    """`amx=True` with inputs a multiple of 32: more rows than the GEMV takes run the AMX GEMM
+    (no oneDNN copy kept), and every row is the AMX GEMV's bits for that row alone; also for
+    the leading rows of a wider buffer (the decoder's padded outputs)."""
+    from kernels import gemv_amx
+
+    if not gemv_amx.available():
+        pytest.skip("AMX does not run on this CPU/OS")
+    w = _rand(72, 96, seed=12).bfloat16()
+    lin = Linear(w, True, prepack=True, amx=True)
+    assert lin._amx_b is not None and lin._packed is None
+    buf = _rand(rows + 7, 96, seed=rows).bfloat16()
+    x = buf[:rows]
+    y = lin(x)
+    assert y.shape == (rows, 72)
+    single = torch.cat([gemv_amx.gemv_amx(x[r:r + 1], lin._amx, 72) for r in range(rows)])
+    assert torch.equal(y, single)
 
 
 @pytest.mark.skipif(not gemv.gemv_available(), reason="native GEMV did not build here")

@@ -185,11 +185,11 @@ class DecoderModel:
             logging.getLogger(__name__).info(
                 "bf16 prompt GEMMs run in fp32 on prepacked fp32 weights (this CPU's bf16 "
                 "products are slow; BATON_BF16_GEMM=bf16 overrides)")
-        # bf16 decode GEMVs on AMX tiles where the CPU allows them (W re-laid once, linear.py)
+        # bf16 GEMVs and GEMMs on AMX tiles where the CPU allows them (W re-laid, linear.py)
         self.amx_gemv = (self.native_gemv and dtype == torch.bfloat16
                          and use_amx_gemv(layer_bytes + self.embed.numel() * 2))
         if self.amx_gemv:
-            logging.getLogger(__name__).info("bf16 decode GEMVs run on AMX tiles "
+            logging.getLogger(__name__).info("bf16 GEMVs and GEMMs run on AMX tiles "
                                              "(BATON_BF16_GEMV=avx512 overrides)")
         self.layers = [Layer(weights, f"model.layers.{i}.", dtype, self.native_gemv,
                              self.device, split=cpu, prepack=prepack, gemm_fp32=self.gemm_fp32,

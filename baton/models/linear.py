@@ -9,7 +9,9 @@ Two storages, chosen once at load for the whole model (`use_native_gemv`):
   goes to oneDNN, with AMX where the CPU has it). bf16 on a CPU with AMX (`use_amx_gemv`):
   the native rows run `kernels.gemv_amx` on a second copy of W re-laid into its tile units
   (faster at every row count there, 2× at 16 rows; other bits than the AVX512_BF16 kernel's,
-  so the choice is the machine's, never the step's).
+  so the choice is the machine's, never the step's), and the larger products its GEMM
+  (`gemm_amx`, a third copy as the tiles' B operand, instead of oneDNN's prepacked one): the
+  GEMV's bits at every row count, and both cores busy on every shape.
 - torch (every other case, and the fallback when the extension does not build): W stored
   (in, out) so `x @ W` streams rows (faster than `x @ W.T` for a GEMV on CPU, see
   shared/PLATFORM.md); with `split=True` as two column halves multiplied by one batched matmul
@@ -127,17 +129,19 @@ GEMV_ENV = "BATON_BF16_GEMV"  # "amx" / "avx512": override use_amx_gemv's rule
 
 
 def use_amx_gemv(weight_bytes: int, meminfo: str = "/proc/meminfo") -> bool:
-    """Whether a bf16 model's small steps (decode, <= 32 rows) run the AMX GEMV
-    (`kernels.gemv_amx`, W re-laid into its units) instead of the AVX512_BF16 one: where AMX is
-    allowed (CPU flags and the OS, never a timing) and the re-laid copy of the `weight_bytes`
-    of matrices is at most PREPACK_MAX_FRACTION of MemTotal (the same answer in every process
-    of a machine: the two kernels' bits differ, and disaggregated = colocated needs one). On
-    the AMX Xeon of BENCHMARKS.md's thirteenth pass SmolLM2-135M's 121 matrices took 10.5 ms
-    at one row against 10.8, 11.4 against 15.0 at 8 rows, 12.8 against 26.3 at 16.
-    $BATON_BF16_GEMV=avx512 turns it off, =amx asks for it (still only where AMX runs); another
-    value raises ValueError."""
+    """Whether a bf16 model's products run on AMX tiles: small steps (decode, <= 32 rows) the
+    AMX GEMV (`kernels.gemv_amx`, W re-laid into its units) instead of the AVX512_BF16 one, and
+    larger ones (prefill) the AMX GEMM (`gemm_amx`, W re-laid once more as its B operand) instead
+    of oneDNN's, with the GEMV's bits for every row count. Where AMX is allowed (CPU flags and
+    the OS, never a timing) and the two re-laid copies of the `weight_bytes` of matrices are at
+    most PREPACK_MAX_FRACTION of MemTotal (the same answer in every process of a machine: the
+    kernels' bits differ from the others', and disaggregated = colocated needs one). On the AMX
+    Xeon of BENCHMARKS.md's thirteenth pass SmolLM2-135M's 121 matrices took 10.5 ms at one row
+    against 10.8, 11.4 against 15.0 at 8 rows, 12.8 against 26.3 at 16; its fourteenth pass has
+    the GEMM. $BATON_BF16_GEMV=avx512 turns both off, =amx asks for them (still only where AMX
+    runs); another value raises ValueError."""
     return (_forced(GEMV_ENV, ("amx", "avx512")) != "avx512" and gemv_amx.available()
-            and _total_holds(weight_bytes, meminfo))
+            and _total_holds(2 * weight_bytes, meminfo))
 
 
 def prepack_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -216,8 +220,9 @@ class Linear:
     on CPU, keep oneDNN's prepacked copy of W for the GEMMs past the native rows (module
     docstring; ignored where `prepack_bf16` returns None); gemm_fp32: those GEMMs in fp32 on
     a prepacked fp32 copy of a bf16 W (`bf16_gemm_in_fp32`; overrides prepack); amx: with
-    native bf16, also keep W re-laid for the AMX GEMV and run the native rows there
-    (`use_amx_gemv`; a second copy of W).
+    native bf16, also keep W re-laid for the AMX GEMV and run the native rows there, and (where
+    `in` % 32 == 0) re-laid for the AMX GEMM, which then runs every larger product instead of
+    oneDNN (`use_amx_gemv`; two copies of W, no oneDNN one).
     """
 
     def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
@@ -231,6 +236,7 @@ class Linear:
         self.split = split and not native
         self._gemv_out = None  # the extension's kernel, called directly for small steps
         self._amx = None  # W as kernels.gemv_amx.pack lays it out, where that kernel runs
+        self._amx_b = None  # W as gemv_amx.pack_b lays it out: the GEMM past the native rows
         if native:
             self.weight = w.contiguous()
             ext = native_extension()
@@ -241,6 +247,10 @@ class Linear:
                     self._amx = gemv_amx.pack(self.weight)
                     self._gemv_amx_out = ext.gemv_amx_out
                     self._max_rows = min(self._max_rows, gemv_amx.MAX_ROWS)
+                    if self.in_features % gemv_amx.IN_CHUNK == 0:  # the GEMV's bits, all rows
+                        self._amx_b = gemv_amx.pack_b(self.weight)
+                        self._gemm_amx_out = ext.gemm_amx_out
+                        self._packed = None
         elif self.split:
             self.weight = _split_columns(w.t())
         else:
@@ -276,6 +286,11 @@ class Linear:
                 self._gemv_amx_out(x, self._amx, y)
             else:
                 self._gemv_out(x, self.weight, y, 0)
+            return y
+        if (self._amx_b is not None and x.dtype == torch.bfloat16 and x.dim() == 2
+                and x.stride(1) == 1):  # no padded rows: the kernel takes any row count
+            y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+            self._gemm_amx_out(x, self._amx_b, y)
             return y
         x, m = _padded(x)
         if (self._packed is not None and x.dtype == torch.bfloat16

@@ -245,6 +245,7 @@ void gemv_out(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out
 
 void register_gemv_bf16(pybind11::module& m);   // gemv_bf16.cpp
 void register_gemv_amx(pybind11::module& m);    // gemv_amx.cpp
+void register_gemm_amx(pybind11::module& m);    // gemm_amx.cpp
 void register_cpu_decode(pybind11::module& m);  // cpu_decode.cpp
 void register_cpu_norm(pybind11::module& m);    // cpu_norm.cpp
 void register_cpu_verify(pybind11::module& m);  // cpu_verify.cpp
@@ -256,6 +257,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_out", &gemv_out, BATON_RELEASE_GIL, "out[B, O] = x[B, K] @ w[O, K].T (fp32, CPU)");
   register_gemv_bf16(m);
   register_gemv_amx(m);
+  register_gemm_amx(m);
   register_cpu_decode(m);
   register_cpu_norm(m);
   register_cpu_verify(m);
