@@ -229,28 +229,30 @@ class Linear:
                  prepack: bool = False, gemm_fp32: bool = False, amx: bool = False) -> None:
         self.out_features, self.in_features = w.shape
         self.native = native
+        ext = native_extension() if native and not w.is_cuda else None
+        amx = amx and ext is not None and w.dtype == torch.bfloat16
+        amx_gemm = amx and self.in_features % gemv_amx.IN_CHUNK == 0  # the GEMV's bits, all rows
         # bf16 CPU GEMMs past the native rows with W prepacked (module docstring; None: F.linear),
-        # in fp32 with gemm_fp32 (then always prepacked: the bits must not depend on memory)
+        # in fp32 with gemm_fp32 (then always prepacked: the bits must not depend on memory);
+        # none where the AMX GEMM runs them
         self._packed = (prepack_weight(w.float()) if gemm_fp32 and w.dtype == torch.bfloat16
-                        else prepack_bf16(w) if prepack else None)
+                        else prepack_bf16(w) if prepack and not amx_gemm else None)
         self.split = split and not native
         self._gemv_out = None  # the extension's kernel, called directly for small steps
         self._amx = None  # W as kernels.gemv_amx.pack lays it out, where that kernel runs
         self._amx_b = None  # W as gemv_amx.pack_b lays it out: the GEMM past the native rows
         if native:
             self.weight = w.contiguous()
-            ext = native_extension()
-            if ext is not None and not w.is_cuda:
+            if ext is not None:
                 self._gemv_out = ext.gemv_out if w.dtype == torch.float32 else ext.gemv_bf16_out
                 self._max_rows = native_max_rows(w.dtype)
-                if amx and w.dtype == torch.bfloat16:  # W re-laid for kernels.gemv_amx
+                if amx:  # W re-laid for kernels.gemv_amx
                     self._amx = gemv_amx.pack(self.weight)
                     self._gemv_amx_out = ext.gemv_amx_out
                     self._max_rows = min(self._max_rows, gemv_amx.MAX_ROWS)
-                    if self.in_features % gemv_amx.IN_CHUNK == 0:  # the GEMV's bits, all rows
-                        self._amx_b = gemv_amx.pack_b(self.weight)
-                        self._gemm_amx_out = ext.gemm_amx_out
-                        self._packed = None
+                if amx_gemm:
+                    self._amx_b = gemv_amx.pack_b(self.weight)
+                    self._gemm_amx_out = ext.gemm_amx_out
         elif self.split:
             self.weight = _split_columns(w.t())
         else:
