@@ -19,8 +19,10 @@ operand read in place, W the B operand re-laid by `pack_b` (16-output units, eac
 chunk as 16 input pairs × 16 outputs × 2), 2 × 2 tiles per block, the threads' shares equal.
 Its products and their order per result are `gemv_amx`'s, so its bits are too, for any row
 count: a row's result does not depend on the step's other rows or how many there are (oneDNN's
-GEMM, which it replaces for such matrices, picks kernels by row count). Runs where `available()`: CPUID's AMX-TILE and AMX-BF16, the OS's tile
-state (XCR0) and Linux's ARCH_REQ_XCOMP_PERM; decided from those, never from a timing.
+GEMM, which it replaces for such matrices, picks kernels by row count).
+
+Both run where `available()`: CPUID's AMX-TILE and AMX-BF16, the OS's tile state (XCR0) and
+Linux's ARCH_REQ_XCOMP_PERM; decided from those, never from a timing.
 """
 from __future__ import annotations
 
