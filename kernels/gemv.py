@@ -68,7 +68,7 @@ _SOURCES = [_SOURCE, _SOURCE.parent / "gemv_bf16.cpp", _SOURCE.parent / "gemv_am
             _SOURCE.parent / "cpu_rope.cpp"]
 _HASHED = _SOURCES + [_SOURCE.parent / n for n in ("simd_exp.h", "isa.h", "bf16.h",
                                                   "scores_bf16.h", "kv_pack.h", "prefill_amx.h",
-                                                  "amx.h", "release_gil.h")]
+                                                  "amx.h", "release_gil.h", "kv_pacer.h")]
 _log = logging.getLogger(__name__)
 _ext = None
 _tried = False

@@ -29,6 +29,7 @@
 
 #include "bf16.h"
 #include "isa.h"
+#include "kv_pacer.h"
 #include "release_gil.h"
 #include "scores_bf16.h"
 #include "simd_exp.h"
@@ -134,18 +135,20 @@ constexpr int64_t PF = 6;  // positions ahead whose K / V rows are prefetched
 // beside it (in this call or another thread): the bits do not depend on how work is split.
 template <typename T>
 __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t t, int64_t h,
-                                                      const float* q, const T** rows, float* p) {
+                                                      const float* q, const T** rows, float* p,
+                                                      baton::KvPacer* pf) {
   using baton::load16;
   const int64_t G = a.Hq / a.Hkv, D = a.D, C = D / 16, N = a.lens[t];
   const int64_t vstride = a.BS * a.Hkv * D, head_bytes = D * int64_t(sizeof(T));
   if constexpr (std::is_same_v<T, baton::bf16>) {
     if (a.dot)  // the same scores, 16 positions per horizontal add
-      baton::scores_bf16(q, rows, h * D, N, D, G, a.scale, p);
+      baton::scores_bf16(q, rows, h * D, N, D, G, a.scale, p, pf);
   }
   for (int64_t n = 0; n < N && !a.dot; ++n) {  // scores s[g][n] = (q_g · k_n) · scale
     if (n + PF < N)
       for (int64_t b = 0; b < head_bytes; b += 64)
         _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + h * D) + b, _MM_HINT_T0);
+    if (pf) pf->advance(pf->per_pos);
     const T* k = rows[n] + h * D;
     for (int64_t g = 0; g < G; ++g) {
       const float* qi = q + g * D;
@@ -175,7 +178,7 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t 
   }
   T* const out = a.out + (t * a.Hq + h * G) * D;
   alignas(64) float o64[8 * 64];  // out_g = Σ p_n v_n, D in chunks of 64 in registers
-  if (D == 64 && baton::pv64_any(G, p, N, rows, vstride + h * D, o64)) {
+  if (D == 64 && baton::pv64_any(G, p, N, rows, vstride + h * D, o64, pf)) {
     for (int64_t g = 0; g < G; ++g)  // the same products and order as the loop below
       for (int64_t c = 0; c < 4; ++c)
         baton::store16(out + g * D + 16 * c, _mm512_mul_ps(_mm512_load_ps(o64 + g * 64 + 16 * c),
@@ -192,6 +195,7 @@ __attribute__((target("avx512f"))) void attend_avx512(const Attn<T>& a, int64_t 
         for (int64_t b = 0; b < head_bytes; b += 64)
           _mm_prefetch(reinterpret_cast<const char*>(rows[n + PF] + vstride + h * D) + b,
                        _MM_HINT_T1);
+      if (c0 == 0 && pf) pf->advance(pf->per_pos);
       const T* v = rows[n] + vstride + h * D + 16 * c0;
       for (int64_t g = 0; g < G; ++g) {
         const __m512 pn = _mm512_set1_ps(p[g * N + n]);
@@ -220,8 +224,9 @@ void check_float(const torch::Tensor& t, at::ScalarType dtype, const char* name)
 // megabytes of weights), and the attention walks it block by block, a few lines at a time: with
 // the whole context requested up front the reads overlap (measured with all heads: bf16, 8 rows
 // of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318
-// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for the next
-// item while this one computes.
+// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for a run's
+// first item, and on the scalar path for the next item while this one computes; the AVX-512
+// path spreads the next item's requests over this one's positions instead (kv_pacer.h).
 template <typename T>
 inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
 #ifdef BATON_X86
@@ -239,6 +244,23 @@ inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1
       }
   }
 #endif
+}
+
+// A pacer over the K/V lines of KV heads [h0, h1) of token t's context in this layer (the lines
+// prefetch_context asks for at once).
+template <typename T>
+baton::KvPacer pacer_for(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
+  baton::KvPacer k;
+  const int64_t row_bytes = a.Hkv * a.D * int64_t(sizeof(T));
+  k.cache = reinterpret_cast<const char*>(a.cache);
+  k.table = a.tables + t * a.ldtab;
+  k.block_bytes = a.L * 2 * a.BS * row_bytes;
+  k.layer_off = a.layer * 2 * a.BS * row_bytes;
+  k.head_off = h0 * a.D * int64_t(sizeof(T));
+  k.N = a.lens[t], k.BS = a.BS, k.row_bytes = row_bytes;
+  k.span = (h1 - h0) * a.D * int64_t(sizeof(T));
+  k.vstride = a.BS * row_bytes;
+  return k;
 }
 
 // Work units: a token t and one of its KV heads h. Unit (t, h) writes h's part of t's new slot,
@@ -281,9 +303,17 @@ void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool sim
       };
       if (u0 < u1) prefetch(u0);
       int64_t rows_of = -1;  // the token `rows` holds
+      baton::KvPacer pacer;
       for (int64_t u = u0; u < u1; u = item_end(u)) {
-        const int64_t t = u / H;
-        if (item_end(u) < u1) prefetch(item_end(u));
+        const int64_t t = u / H, nu = item_end(u);
+        baton::KvPacer* pf = nullptr;  // the next item's lines, asked for as this one computes
+        if (nu < u1 && simd) {
+          pacer = pacer_for(a, nu / H, nu % H, item_end(nu) - nu / H * H);
+          pacer.start((nu - u) * 2 * a.lens[t]);  // a call per position, scores and p·v
+          pf = &pacer;
+        } else if (nu < u1) {
+          prefetch(nu);
+        }
         if (rows_of != t) k_rows(a, t, rows.data()), rows_of = t;
         for (int64_t h = u % H; h < item_end(u) - t * H; ++h) {
           if (query != nullptr) {
@@ -293,10 +323,11 @@ void run(const Attn<T>& a, const T* query, int64_t T_, int64_t max_len, bool sim
             rotate_and_write(a, t, h, q.data());
           }
 #ifdef BATON_X86
-          if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data()); continue; }
+          if (simd) { attend_avx512(a, t, h, q.data(), rows.data(), p.data(), pf); continue; }
 #endif
           attend_scalar(a, t, h, q.data(), rows.data(), p.data());
         }
+        if (pf) pf->finish();
       }
     }
   });

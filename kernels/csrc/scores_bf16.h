@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "kv_pacer.h"
 
 namespace baton {
 
@@ -39,7 +40,7 @@ __attribute__((target("avx512f"))) inline __m512 hsum16(const __m512* v) {
 // rows[n] + hoff: position n's K head (D bf16); q: [G][D] fp32; D % 32 == 0, G <= 8.
 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 inline void scores_bf16(const float* q, const bf16* const* rows, int64_t hoff, int64_t N, int64_t D,
-                        int64_t G, float scale, float* p) {
+                        int64_t G, float scale, float* p, KvPacer* pf = nullptr) {
   const int64_t C = D / 32;  // 32-element chunks: 16 bf16 pairs each
   __m512i qp[8][16];         // G <= 8, D <= 512
   for (int64_t g = 0; g < G; ++g)
@@ -50,6 +51,7 @@ inline void scores_bf16(const float* q, const bf16* const* rows, int64_t hoff, i
   alignas(64) static const bf16 zeros[512] = {};  // past N: a zero K row, its score masked
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t cnt = N - n0 < 16 ? N - n0 : 16;
+    if (pf) pf->advance(cnt * pf->per_pos);
     const bf16* kr[16];
     for (int64_t j = 0; j < 16; ++j) kr[j] = j < cnt ? rows[n0 + j] + hoff : zeros;
     for (int64_t j = 0; j < 16 && n0 + 16 + j < N; ++j)
@@ -77,13 +79,15 @@ inline void scores_bf16(const float* q, const bf16* const* rows, int64_t hoff, i
 // load per FMA).
 template <int G, typename T>
 __attribute__((target("avx512f"))) inline void pv64(const float* p, int64_t N, const T* const* rows,
-                                                    int64_t voff, float* out /*[G][64]*/) {
+                                                    int64_t voff, float* out /*[G][64]*/,
+                                                    KvPacer* pf) {
   __m512 acc[G][4];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t n = 0; n < N; ++n) {
     if (n + 6 < N) _mm_prefetch(reinterpret_cast<const char*>(rows[n + 6] + voff), _MM_HINT_T0);
+    if (pf) pf->advance(pf->per_pos);
     const T* v = rows[n] + voff;
     const __m512 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
 #pragma GCC unroll 8
@@ -103,14 +107,14 @@ __attribute__((target("avx512f"))) inline void pv64(const float* p, int64_t N, c
 template <typename T>
 __attribute__((target("avx512f"))) inline bool pv64_any(int64_t G, const float* p, int64_t N,
                                                         const T* const* rows, int64_t voff,
-                                                        float* out) {
+                                                        float* out, KvPacer* pf = nullptr) {
   switch (G) {
-    case 1: pv64<1>(p, N, rows, voff, out); return true;
-    case 2: pv64<2>(p, N, rows, voff, out); return true;
-    case 3: pv64<3>(p, N, rows, voff, out); return true;
-    case 4: pv64<4>(p, N, rows, voff, out); return true;
-    case 5: pv64<5>(p, N, rows, voff, out); return true;
-    case 6: pv64<6>(p, N, rows, voff, out); return true;
+    case 1: pv64<1>(p, N, rows, voff, out, pf); return true;
+    case 2: pv64<2>(p, N, rows, voff, out, pf); return true;
+    case 3: pv64<3>(p, N, rows, voff, out, pf); return true;
+    case 4: pv64<4>(p, N, rows, voff, out, pf); return true;
+    case 5: pv64<5>(p, N, rows, voff, out, pf); return true;
+    case 6: pv64<6>(p, N, rows, voff, out, pf); return true;
     default: return false;
   }
 }
