@@ -28,8 +28,9 @@
 namespace baton {
 
 struct KvPacer {
-  // the context being asked for: K rows of its blocks at k_of(b) + n·row_bytes, V rows
-  // vstride bytes further; `span` bytes of each row (the item's heads)
+  // the context being asked for: position n's K row at cache + table[n / BS]·block_bytes +
+  // layer_off + (n % BS)·row_bytes + head_off, its V row vstride bytes further; `span` bytes
+  // of each (the item's heads)
   const char* cache = nullptr;
   const int32_t* table = nullptr;  // the token's block ids
   int64_t block_bytes = 0, layer_off = 0, head_off = 0;  // per block id; this layer's K; heads
@@ -39,19 +40,17 @@ struct KvPacer {
   int64_t n = 0, off = 0;
   const char* k = nullptr;  // this position's K row (+ head_off)
 
-  bool active() const { return n < N; }
-
-  void start(int64_t lines_calls) {
+  void start(int64_t calls) {
     n = 0, off = 0, k = nullptr;
     const int64_t pairs = N * ((span + 63) / 64);
-    per_pos = lines_calls > 0 ? (pairs + lines_calls - 1) / lines_calls : pairs;
+    per_pos = calls > 0 ? (pairs + calls - 1) / calls : pairs;
   }
 
   // Up to `pairs` more (K line, V line) pairs, in position order.
   inline void advance(int64_t pairs) {
 #if defined(__x86_64__) || defined(_M_X64)
     for (; pairs > 0 && n < N; --pairs) {
-      if (off == 0 || k == nullptr)
+      if (off == 0)
         k = cache + table[n / BS] * block_bytes + layer_off + (n % BS) * row_bytes + head_off;
       _mm_prefetch(k + off, _MM_HINT_T1);
       _mm_prefetch(k + vstride + off, _MM_HINT_T1);
