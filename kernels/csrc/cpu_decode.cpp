@@ -219,35 +219,8 @@ void check_float(const torch::Tensor& t, at::ScalarType dtype, const char* name)
               "cpu_decode: ", name, " must be a contiguous CPU tensor of kv_cache's dtype");
 }
 
-// Every cache line of KV heads [h0, h1)'s K and V of token t's context (positions < lens[t]) in
-// this layer asked into L2 at once. A layer's K/V is cold (the GEMVs between two visits stream
-// megabytes of weights), and the attention walks it block by block, a few lines at a time: with
-// the whole context requested up front the reads overlap (measured with all heads: bf16, 8 rows
-// of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318
-// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for a run's
-// first item, and on the scalar path for the next item while this one computes; the AVX-512
-// path spreads the next item's requests over this one's positions instead (kv_pacer.h).
-template <typename T>
-inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
-#ifdef BATON_X86
-  const int64_t N = a.lens[t], row = a.Hkv * a.D, blocks = (N + a.BS - 1) / a.BS;
-  const int64_t row_bytes = row * int64_t(sizeof(T)), span = (h1 - h0) * a.D * int64_t(sizeof(T));
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t used = std::min<int64_t>(a.BS, N - b * a.BS);
-    const char* k = reinterpret_cast<const char*>(
-        a.cache + ((a.tables[t * a.ldtab + b] * a.L + a.layer) * 2) * a.BS * row + h0 * a.D);
-    const char* v = k + a.BS * row_bytes;
-    for (int64_t n = 0; n < used; ++n)
-      for (int64_t off = n * row_bytes; off < n * row_bytes + span; off += 64) {
-        _mm_prefetch(k + off, _MM_HINT_T1);
-        _mm_prefetch(v + off, _MM_HINT_T1);
-      }
-  }
-#endif
-}
-
-// A pacer over the K/V lines of KV heads [h0, h1) of token t's context in this layer (the lines
-// prefetch_context asks for at once).
+// A pacer (kv_pacer.h) over every cache line of KV heads [h0, h1)'s K and V of token t's
+// context (positions < lens[t]) in this layer.
 template <typename T>
 baton::KvPacer pacer_for(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
   baton::KvPacer k;
@@ -261,6 +234,18 @@ baton::KvPacer pacer_for(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
   k.span = (h1 - h0) * a.D * int64_t(sizeof(T));
   k.vstride = a.BS * row_bytes;
   return k;
+}
+
+// All of pacer_for's lines asked into L2 at once. A layer's K/V is cold (the GEMVs between two
+// visits stream megabytes of weights), and the attention walks it block by block, a few lines at
+// a time: with the whole context requested up front the reads overlap (measured with all heads: bf16, 8 rows
+// of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318
+// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for a run's
+// first item, and on the scalar path for the next item while this one computes; the AVX-512
+// path spreads the next item's requests over this one's positions instead (kv_pacer.h).
+template <typename T>
+inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
+  pacer_for(a, t, h0, h1).finish();
 }
 
 // Work units: a token t and one of its KV heads h. Unit (t, h) writes h's part of t's new slot,
