@@ -4,6 +4,7 @@
     x [B, in] bf16, B <= MAX_ROWS  →  gemv_amx(x, packed, out) = y [B, out] bf16, fp32 sums
     w [out, in] bf16  →  pack_b(w): [ceil(out/16), in/32, 16, 32] bf16 (once; in % 32 == 0)
     x [M, in] bf16, any M  →  gemm_amx(x, packed_b, out) = y [M, out] bf16, the same bits
+    [gate; up] →  pack_b(interleave_gate_up(w)); gemm_amx_silu(x, it, I) = silu(g)·u [M, I]
 
 `kernels/csrc/gemv_amx.cpp` (built into the `kernels.gemv` extension) runs each 16-output ×
 32-input block of W as one TDPBF16PS against up to 16 rows of x, so a step of 8–32 rows costs
@@ -20,6 +21,11 @@ chunk as 16 input pairs × 16 outputs × 2), 2 × 2 tiles per block, the threads
 Its products and their order per result are `gemv_amx`'s, so its bits are too, for any row
 count: a row's result does not depend on the step's other rows or how many there are (oneDNN's
 GEMM, which it replaces for such matrices, picks kernels by row count).
+
+`gemm_amx_silu` is that GEMM for the MLP's [gate; up] matrix (packed by `pack_b` after
+`interleave_gate_up`) with SiLU·mul applied to each (gate, up) pair of tiles as they are
+rounded: the bits of `gemm_amx` then `kernels.cpu_decode.silu_mul`, without writing and reading
+back the [M, 2·I] product.
 
 Both run where `available()`: CPUID's AMX-TILE and AMX-BF16, the OS's tile state (XCR0) and
 Linux's ARCH_REQ_XCOMP_PERM; decided from those, never from a timing.
@@ -109,6 +115,35 @@ def gemm_amx(x: torch.Tensor, packed_b: torch.Tensor, out_features: int,
     gives each row. RuntimeError where the extension is missing or AMX is not allowed, or on a
     shape, dtype or stride the kernel refuses."""
     return _call("gemm_amx_out", x, packed_b, out_features, out)
+
+
+def interleave_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """[gate; up] [2·I, in] (I % 16 == 0) → its rows as 16-row units in the order gate unit 0,
+    up unit 0, gate unit 1, ... (a new tensor): `pack_b` of it is what `gemm_amx_silu` takes,
+    each thread's pair of units one (gate, up) pair. ValueError on another shape."""
+    rows = w.shape[0] if w.dim() == 2 else 0
+    if rows % (2 * OUT_UNIT):
+        raise ValueError(f"interleave_gate_up: [2·I, in] with I % {OUT_UNIT} == 0 expected, "
+                         f"got {tuple(w.shape)}")
+    units = rows // (2 * OUT_UNIT)
+    return w.reshape(2, units, OUT_UNIT, -1).transpose(0, 1).reshape(rows, -1).contiguous()
+
+
+def deinterleave_gate_up(y: torch.Tensor) -> torch.Tensor:
+    """The columns of x @ `interleave_gate_up(W)`.T [M, 2·I] back in W's order ([gate | up],
+    a new tensor)."""
+    m, cols = y.shape
+    return y.reshape(m, cols // (2 * OUT_UNIT), 2, OUT_UNIT).transpose(1, 2).reshape(m, cols)
+
+
+def gemm_amx_silu(x: torch.Tensor, packed_b: torch.Tensor, inter: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(x @ gate.T) · (x @ up.T) [M, inter] bf16 (into `out` when given) for x [M, in] bf16
+    and `packed_b` = pack_b(interleave_gate_up([gate; up])): the SiLU·mul runs on each pair of
+    C tiles as they are rounded, so the [M, 2·inter] product is never written. Bit for bit
+    `gemm_amx` then `kernels.cpu_decode.silu_mul` (bf16: each product rounded, then
+    bf16(bf16(silu(g))·u)). RuntimeError as `gemm_amx`, or when inter % 16 != 0."""
+    return _call("gemm_amx_silu_out", x, packed_b, inter, out)
 
 
 def gemv_amx_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -132,7 +132,7 @@ class Layer:
         self.k_norm = get(a + "k_norm.weight")
         self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
                               native, split=split, prepack=prepack, gemm_fp32=gemm_fp32,
-                              amx=amx)
+                              amx=amx, gate_up=True)
         self.down = Linear(get("mlp.down_proj.weight"), native, split=split, prepack=prepack,
                            gemm_fp32=gemm_fp32, amx=amx)
         self.input_norm = get("input_layernorm.weight")
@@ -313,7 +313,10 @@ class DecoderModel:
             if fused:
                 x = add_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm, self.eps)
                 nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-                x = add_norm(h, layer.down(silu_mul(layer.gate_up(x))), nxt, self.eps)
+                act = layer.gate_up.silu_mul(x, pad_rows) if native else None
+                if act is None:
+                    act = silu_mul(layer.gate_up(x))
+                x = add_norm(h, layer.down(act), nxt, self.eps)
                 continue
             h = h + layer.o(attn.view(-1, q_width))
             x = _rms_norm(h, layer.post_norm, self.eps)
@@ -350,12 +353,14 @@ class DecoderModel:
                                                    kv_cache, i, slots, tables, lens, rows,
                                                    self.scale, s.num_heads)
             x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
-            gate_up = layer.gate_up(x)
-            if self._silu:
-                act = cpu_decode.silu_mul(gate_up)
-            else:
-                gate, up = gate_up.chunk(2, dim=1)
-                act = self.act(gate) * up
+            act = layer.gate_up.silu_mul(x) if self._silu else None
+            if act is None:
+                gate_up = layer.gate_up(x)
+                if self._silu:
+                    act = cpu_decode.silu_mul(gate_up)
+                else:
+                    gate, up = gate_up.chunk(2, dim=1)
+                    act = self.act(gate) * up
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             x = cpu_decode.add_rms_norm(h, layer.down(act), nxt, self.eps)
         return x

@@ -53,6 +53,7 @@ import torch
 from baton.dtypes import cpu_flags, cpu_vendor
 from kernels import gemv as native
 from kernels import gemv_amx
+from kernels.cpu_decode import rows_out
 from kernels.gemv import extension as native_extension
 from kernels.gemv import max_rows as native_max_rows
 
@@ -222,11 +223,14 @@ class Linear:
     a prepacked fp32 copy of a bf16 W (`bf16_gemm_in_fp32`; overrides prepack); amx: with
     native bf16, also keep W re-laid for the AMX GEMV and run the native rows there, and (where
     `in` % 32 == 0) re-laid for the AMX GEMM, which then runs every larger product instead of
-    oneDNN (`use_amx_gemv`; two copies of W, no oneDNN one).
+    oneDNN (`use_amx_gemv`; two copies of W, no oneDNN one); gate_up: W is [gate; up] (two
+    halves of I rows): with the AMX GEMM its copy has their 16-row units interleaved, so
+    `silu_mul` can run the MLP's SiLU·mul inside that GEMM (I % 16 == 0; ignored otherwise).
     """
 
     def __init__(self, w: torch.Tensor, native: bool, split: bool = False,
-                 prepack: bool = False, gemm_fp32: bool = False, amx: bool = False) -> None:
+                 prepack: bool = False, gemm_fp32: bool = False, amx: bool = False,
+                 gate_up: bool = False) -> None:
         self.out_features, self.in_features = w.shape
         self.native = native
         ext = native_extension() if native and not w.is_cuda else None
@@ -241,6 +245,7 @@ class Linear:
         self._gemv_out = None  # the extension's kernel, called directly for small steps
         self._amx = None  # W as kernels.gemv_amx.pack lays it out, where that kernel runs
         self._amx_b = None  # W as gemv_amx.pack_b lays it out: the GEMM past the native rows
+        self._paired = False  # _amx_b holds [gate; up] with units interleaved (gate_up)
         if native:
             self.weight = w.contiguous()
             if ext is not None:
@@ -251,8 +256,11 @@ class Linear:
                     self._gemv_amx_out = ext.gemv_amx_out
                     self._max_rows = min(self._max_rows, gemv_amx.MAX_ROWS)
                 if amx_gemm:
-                    self._amx_b = gemv_amx.pack_b(self.weight)
+                    self._paired = gate_up and self.out_features % (2 * gemv_amx.OUT_UNIT) == 0
+                    self._amx_b = gemv_amx.pack_b(gemv_amx.interleave_gate_up(self.weight)
+                                                  if self._paired else self.weight)
                     self._gemm_amx_out = ext.gemm_amx_out
+                    self._gemm_amx_silu_out = ext.gemm_amx_silu_out
         elif self.split:
             self.weight = _split_columns(w.t())
         else:
@@ -276,6 +284,19 @@ class Linear:
             return w[:, :self.out_features].t()
         return self.weight.t()
 
+    def silu_mul(self, x: torch.Tensor, rows: int = 0) -> torch.Tensor | None:
+        """For a gate_up W: silu(x @ gate.T) · (x @ up.T) [T, I] bf16 from the AMX GEMM with the
+        SiLU·mul as its epilogue (`gemv_amx.gemm_amx_silu`: the bits of this product followed
+        by `kernels.cpu_decode.silu_mul`), with rows > T inside a buffer of `rows` rows
+        (`kernels.cpu_decode.rows_out`); None where that path does not take x (no such copy,
+        rows the GEMV takes, another dtype or layout): the caller runs the two ops."""
+        if (not self._paired or x.shape[0] <= self._max_rows or x.dtype != torch.bfloat16
+                or x.dim() != 2 or x.stride(1) != 1):
+            return None
+        y = rows_out(rows, x.shape[0], self.out_features // 2, x.dtype)
+        self._gemm_amx_silu_out(x, self._amx_b, y)
+        return y
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] → [T, out], x's dtype; bf16 GEMMs on CPU run at `bucket_rows(T)` rows.
         A decode step's few rows go straight to the native kernel, the AMX one where `amx`
@@ -293,7 +314,7 @@ class Linear:
                 and x.stride(1) == 1):  # no padded rows: the kernel takes any row count
             y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
             self._gemm_amx_out(x, self._amx_b, y)
-            return y
+            return gemv_amx.deinterleave_gate_up(y) if self._paired else y
         x, m = _padded(x)
         if (self._packed is not None and x.dtype == torch.bfloat16
                 and x.shape[0] > native.max_rows(x.dtype)):

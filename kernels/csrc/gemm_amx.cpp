@@ -18,6 +18,13 @@
 // subnormals, keeps NaN payloads), and partial units take bf16.h's integer rounding instead:
 // the bits of c10::BFloat16(float) always.
 //
+// SiLU·mul epilogue (gemm_amx_silu_out, the MLP's gate/up product): W = [gate; up] packed with
+// their units interleaved (gate unit j, up unit j), threads and groups split at even units, so
+// each 2-unit block is one (gate, up) pair; its C tiles are rounded to bf16 as above and
+// turned into 16 outputs of silu(g)·u as cpu_norm.cpp computes it from those bf16 values. The
+// [M, 2I] product is never written or read back (a 500-token step: 1.0 ms a layer against
+// 1.17 for the GEMM then the separate op, BENCHMARKS.md sixteenth pass).
+//
 // Bits: every C element starts at 0 and takes one TDPBF16PS per 32-input chunk in order, as
 // gemv_amx.cpp does with the operands' roles swapped (the same products, the same order: equal
 // outputs, tests/kernels/test_gemv_amx.py). A row's result depends on its x row and W only:
@@ -32,6 +39,7 @@
 #include "amx.h"
 #include "bf16.h"
 #include "release_gil.h"
+#include "simd_exp.h"
 
 namespace {
 
@@ -43,7 +51,8 @@ constexpr int64_t GROUP = 8;   // units a thread walks all row blocks with (8-16
 struct Gemm {
   const uint16_t* x; int64_t ldx, M;  // [M, K] rows at stride ldx (elements)
   const uint16_t* w; int64_t chunks, O;
-  baton::bf16* y; int64_t ldy;        // [M, O]
+  baton::bf16* y; int64_t ldy;        // [M, O]; with silu [M, O / 2]
+  bool silu;                          // units paired (gate j, up j): y = silu(gate) · up
 };
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -127,8 +136,29 @@ struct Pending {
   int r0 = 0, r1 = 0, units = 0;  // units 0: none
 };
 
+// Rows of a (gate, up) tile pair into 16 outputs of y: each product rounded to bf16 as the plain
+// GEMM stores it (bf16_bits: c10's rounding, the bits VCVTNE2PS2BF16 gives on other lanes),
+// then cpu_norm.cpp's bf16 silu_mul on those values: bf16(bf16(g / (1 + e^-g)) · u).
+BATON_AMX_TARGET inline void silu_rows(const float* gate, const float* up, int rows,
+                                       baton::bf16* y, int64_t ldy) {
+  for (int r = 0; r < rows; ++r) {
+    const __m512 gv = baton::round16<baton::bf16>(_mm512_loadu_ps(gate + 16 * r));
+    const __m512 uv = baton::round16<baton::bf16>(_mm512_loadu_ps(up + 16 * r));
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    const __m512 sv = baton::round16<baton::bf16>(
+        _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    baton::store16(y + r * ldy, _mm512_mul_ps(sv, uv));
+  }
+}
+
 BATON_AMX_TARGET void round_block(const Gemm& g, const Pending& p, const float* c) {
   if (p.units == 0) return;
+  if (g.silu) {  // p.unit even, p.units 2 (threads and groups split at even units)
+    baton::bf16* y = g.y + p.row * g.ldy + (p.unit / 2) * OU;
+    silu_rows(c, c + 256, p.r0, y, g.ldy);
+    if (p.r1) silu_rows(c + 512, c + 768, p.r1, y + 16 * g.ldy, g.ldy);
+    return;
+  }
   const int64_t o0 = p.unit * OU;
   baton::bf16* y = g.y + p.row * g.ldy + o0;
   if (p.units == 2 && o0 + 2 * OU <= g.O) {
@@ -188,9 +218,9 @@ BATON_AMX_TARGET void run_units(const Gemm& g, int64_t u0, int64_t u1) {
 
 }  // namespace
 
-// x [M, K] bf16 (K % 32 == 0, unit inner stride), wv [ceil(O/16), K/32, 16, 32] bf16 contiguous
-// (gemv_amx.py `pack_b`), out [M, O] bf16 (unit inner stride). RuntimeError without AMX.
-void gemm_amx_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor& out) {
+namespace {
+
+void check_gemm(const torch::Tensor& x, const torch::Tensor& wv, const torch::Tensor& out) {
   TORCH_CHECK(x.dim() == 2 && wv.dim() == 4 && out.dim() == 2, "gemm_amx: x, out 2-D, wv 4-D");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wv.scalar_type() == at::kBFloat16 &&
               out.scalar_type() == at::kBFloat16, "gemm_amx: bf16 only");
@@ -198,28 +228,64 @@ void gemm_amx_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor
               "gemm_amx: CPU only");
   TORCH_CHECK(wv.is_contiguous() && wv.size(2) == 16 && wv.size(3) == 32,
               "gemm_amx: wv must be contiguous [O/16, K/32, 16, 32]");
-  const int64_t M = x.size(0), K = x.size(1), O = out.size(1);
-  TORCH_CHECK(K % KC == 0, "gemm_amx: the inputs must be a multiple of 32, got ", K);
-  TORCH_CHECK(out.size(0) == M && wv.size(0) == (O + OU - 1) / OU && wv.size(1) == K / KC,
+  TORCH_CHECK(x.size(1) % KC == 0, "gemm_amx: the inputs must be a multiple of 32, got ",
+              x.size(1));
+  TORCH_CHECK(out.size(0) == x.size(0) && wv.size(1) == x.size(1) / KC,
               "gemm_amx: x, wv and out disagree on the shape");
   TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "gemm_amx: x and out need unit inner stride");
 #if defined(__x86_64__) || defined(_M_X64)
   TORCH_CHECK(baton_amx::usable(), "gemm_amx: this CPU (or the OS) does not allow AMX");
-  if (M == 0 || O == 0) return;
-  Gemm g{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), M,
-         reinterpret_cast<const uint16_t*>(wv.data_ptr<at::BFloat16>()), K / KC, O,
-         out.data_ptr<at::BFloat16>(), out.stride(0)};
-  const int64_t units = wv.size(0);
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units));
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) run_units(g, units * p / parts, units * (p + 1) / parts);
-  });
 #else
   TORCH_CHECK(false, "gemm_amx: x86-64 only");
 #endif
 }
 
+// `units` of wv over the threads in equal contiguous shares of `step` units each.
+void run(const Gemm& g, int64_t units, int64_t step) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (g.M == 0 || units == 0) return;
+  const int64_t steps = units / step;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), steps));
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      run_units(g, step * (steps * p / parts), step * (steps * (p + 1) / parts));
+  });
+#endif
+}
+
+Gemm make(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor& out, int64_t O,
+          bool silu) {
+  return Gemm{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0),
+              x.size(0), reinterpret_cast<const uint16_t*>(wv.data_ptr<at::BFloat16>()),
+              x.size(1) / KC, O, out.data_ptr<at::BFloat16>(), out.stride(0), silu};
+}
+
+}  // namespace
+
+// x [M, K] bf16 (K % 32 == 0, unit inner stride), wv [ceil(O/16), K/32, 16, 32] bf16 contiguous
+// (gemv_amx.py `pack_b`), out [M, O] bf16 (unit inner stride). RuntimeError without AMX.
+void gemm_amx_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor& out) {
+  check_gemm(x, wv, out);
+  const int64_t O = out.size(1);
+  TORCH_CHECK(wv.size(0) == (O + OU - 1) / OU, "gemm_amx: x, wv and out disagree on the shape");
+  run(make(x, wv, out, O, false), wv.size(0), 1);
+}
+
+// The gate/up GEMM with SiLU·mul as its epilogue: wv = pack_b of [gate; up] with their units
+// interleaved (gemv_amx.py `pack_b_gate_up`: gate unit j, then up unit j), out [M, I] bf16 =
+// silu(x @ gate.T) · (x @ up.T), bit for bit gemm_amx_out into [M, 2I] then cpu_norm.cpp's
+// silu_mul_out (I % 16 == 0: every unit whole). RuntimeError without AVX-512/AMX or on a shape.
+void gemm_amx_silu_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor& out) {
+  check_gemm(x, wv, out);
+  const int64_t I = out.size(1);
+  TORCH_CHECK(I % OU == 0 && wv.size(0) == 2 * (I / OU),
+              "gemm_amx_silu: out [M, I] with I % 16 == 0 and wv of 2·I/16 units expected");
+  run(make(x, wv, out, 2 * I, true), wv.size(0), 2);
+}
+
 void register_gemm_amx(pybind11::module& m) {
   m.def("gemm_amx_out", &gemm_amx_out, BATON_RELEASE_GIL,
         "out[M, O] = x[M, K] @ W.T, W packed as AMX B units (bf16)");
+  m.def("gemm_amx_silu_out", &gemm_amx_silu_out, BATON_RELEASE_GIL,
+        "out[M, I] = silu(x @ gate.T) * (x @ up.T), [gate; up] packed with units interleaved");
 }
