@@ -271,8 +271,8 @@ void gemm_amx_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor
   run(make(x, wv, out, O, false), wv.size(0), 1);
 }
 
-// The gate/up GEMM with SiLU·mul as its epilogue: wv = pack_b of [gate; up] with their units
-// interleaved (gemv_amx.py `pack_b_gate_up`: gate unit j, then up unit j), out [M, I] bf16 =
+// The gate/up GEMM with SiLU·mul as its epilogue: wv = gemv_amx.py's pack_b of
+// interleave_gate_up([gate; up]) (gate unit j, then up unit j), out [M, I] bf16 =
 // silu(x @ gate.T) · (x @ up.T), bit for bit gemm_amx_out into [M, 2I] then cpu_norm.cpp's
 // silu_mul_out (I % 16 == 0: every unit whole). RuntimeError without AVX-512/AMX or on a shape.
 void gemm_amx_silu_out(const torch::Tensor& x, const torch::Tensor& wv, torch::Tensor& out) {
