@@ -278,6 +278,8 @@ class DecoderModel:
         if pad_rows:
             add_norm = functools.partial(add_norm, rows=pad_rows)
             silu_mul = functools.partial(silu_mul, rows=pad_rows)
+        # SiLU·mul inside the gate/up GEMM where it takes this step's rows (linear.py)
+        fuse_mlp = native and self.layers[0].gate_up.fuses_silu(len(input_ids), h.dtype)
         if fused:
             x = add_norm(h, None, self.layers[0].input_norm, self.eps)
         native_rope = native and plan is not None
@@ -313,7 +315,7 @@ class DecoderModel:
             if fused:
                 x = add_norm(h, layer.o(attn.view(-1, q_width)), layer.post_norm, self.eps)
                 nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-                act = layer.gate_up.silu_mul(x, pad_rows) if native else None
+                act = layer.gate_up.silu_mul(x, pad_rows) if fuse_mlp else None
                 if act is None:
                     act = silu_mul(layer.gate_up(x))
                 x = add_norm(h, layer.down(act), nxt, self.eps)
@@ -338,6 +340,7 @@ class DecoderModel:
             rows = rows.int().contiguous()
         h = self.embed[input_ids]  # a fresh tensor: updated in place by add_rms_norm below
         x = cpu_decode.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
+        fuse_mlp = self._silu and self.layers[0].gate_up.fuses_silu(len(input_ids), h.dtype)
         for i, layer in enumerate(self.layers):
             if i and self.layer_hook is not None:
                 self.layer_hook()
@@ -353,7 +356,7 @@ class DecoderModel:
                                                    kv_cache, i, slots, tables, lens, rows,
                                                    self.scale, s.num_heads)
             x = cpu_decode.add_rms_norm(h, layer.o(attn), layer.post_norm, self.eps)
-            act = layer.gate_up.silu_mul(x) if self._silu else None
+            act = layer.gate_up.silu_mul(x) if fuse_mlp else None
             if act is None:
                 gate_up = layer.gate_up(x)
                 if self._silu:

@@ -284,14 +284,18 @@ class Linear:
             return w[:, :self.out_features].t()
         return self.weight.t()
 
+    def fuses_silu(self, t: int, dtype: torch.dtype) -> bool:
+        """Whether `silu_mul` takes a [t, in] x of `dtype` (a gate_up W with the interleaved
+        AMX GEMM copy, bf16, more rows than the GEMV takes): asked once a step, not a layer."""
+        return self._paired and t > self._max_rows and dtype == torch.bfloat16
+
     def silu_mul(self, x: torch.Tensor, rows: int = 0) -> torch.Tensor | None:
         """For a gate_up W: silu(x @ gate.T) · (x @ up.T) [T, I] bf16 from the AMX GEMM with the
         SiLU·mul as its epilogue (`gemv_amx.gemm_amx_silu`: the bits of this product followed
         by `kernels.cpu_decode.silu_mul`), with rows > T inside a buffer of `rows` rows
-        (`kernels.cpu_decode.rows_out`); None where that path does not take x (no such copy,
-        rows the GEMV takes, another dtype or layout): the caller runs the two ops."""
-        if (not self._paired or x.shape[0] <= self._max_rows or x.dtype != torch.bfloat16
-                or x.dim() != 2 or x.stride(1) != 1):
+        (`kernels.cpu_decode.rows_out`); None where that path does not take x (not
+        `fuses_silu`, or not a 2-D x of unit inner stride): the caller runs the two ops."""
+        if not self.fuses_silu(x.shape[0], x.dtype) or x.dim() != 2 or x.stride(1) != 1:
             return None
         y = rows_out(rows, x.shape[0], self.out_features // 2, x.dtype)
         self._gemm_amx_silu_out(x, self._amx_b, y)

@@ -237,12 +237,12 @@ baton::KvPacer pacer_for(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
 }
 
 // All of pacer_for's lines asked into L2 at once. A layer's K/V is cold (the GEMVs between two
-// visits stream megabytes of weights), and the attention walks it block by block, a few lines at
-// a time: with the whole context requested up front the reads overlap (measured with all heads: bf16, 8 rows
-// of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread 318
-// -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for a run's
-// first item, and on the scalar path for the next item while this one computes; the AVX-512
-// path spreads the next item's requests over this one's positions instead (kv_pacer.h).
+// visits stream megabytes of weights), and the attention walks it block by block, a few lines at a
+// time: with the whole context requested up front the reads overlap (measured with all heads: bf16,
+// 8 rows of 250 positions, SmolLM2's heads, a 30-layer cache, one layer call, medians: one thread
+// 318 -> 238-294 µs, two 208 -> 122-178; the same data cache-hot takes ~88). Called for a run's
+// first item, and on the scalar path for the next item while this one computes; the AVX-512 path
+// spreads the next item's requests over this one's positions instead (kv_pacer.h).
 template <typename T>
 inline void prefetch_context(const Attn<T>& a, int64_t t, int64_t h0, int64_t h1) {
   pacer_for(a, t, h0, h1).finish();

@@ -157,6 +157,29 @@ BATON_BF16_TARGET inline void pv(const uint32_t* vt, int64_t D, int64_t d0, cons
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + u * D + d0 + 16 * c, acc[u][c]);
 }
 
+// The online-softmax bookkeeping of rows r0..r0+3, shared by softmax4 and prefill_amx.h's
+// softmax_block. new_maxes: each row's running max m' = max(m, mx·scale·log2 e) from its score
+// maxima mx[u] (lanes reduced here) into mn[u]. rescale_rows, once the rows' p are summed per
+// lane in ps[u]: α = 2^(m − m') (1 when unchanged) into alpha[u], m = m', l = l·α + Σ p.
+BATON_BF16_TARGET inline void new_maxes(const Scratch& s, int64_t r0, __m512 (&mx)[4],
+                                        __m512 sl2, float* mn) {
+  alignas(16) float mt[4];
+  _mm_store_ps(mt, _mm_mul_ps(reduce4<true>(mx), _mm512_castps512_ps128(sl2)));
+  for (int u = 0; u < 4; ++u) mn[u] = std::max(s.m[r0 + u], mt[u]);
+}
+
+BATON_BF16_TARGET inline void rescale_rows(Scratch& s, int64_t r0, const float* mn,
+                                           __m512 (&ps)[4], float* alpha) {
+  alignas(16) float ls[4];
+  _mm_store_ps(ls, reduce4<false>(ps));
+  for (int u = 0; u < 4; ++u) {
+    const int64_t r = r0 + u;
+    alpha[u] = s.m[r] == mn[u] ? 1.0f : std::exp2(s.m[r] - mn[u]);
+    s.m[r] = mn[u];
+    s.l[r] = s.l[r] * alpha[u] + ls[u];
+  }
+}
+
 // The online-softmax step of rows r0..r0+3 (file comment) over key tile n0, given their scores
 // acc[u][c] (keys n0 + 16c + lane; keys past a row's last position are masked here): updates
 // s.m and s.l, writes each row's α to alpha[u] and its bf16 p pairs to p_out[u·KW ..] (word m =
@@ -184,26 +207,21 @@ BATON_BF16_TARGET inline void softmax4(Scratch& s, int64_t r0, int64_t n0, __m51
     mx[u] = _mm512_max_ps(_mm512_max_ps(acc[u][0], acc[u][1]),
                           _mm512_max_ps(acc[u][2], acc[u][3]));
   }
-  alignas(16) float mt[4], ls[4];
-  _mm_store_ps(mt, _mm_mul_ps(reduce4<true>(mx), _mm512_castps512_ps128(sl2)));
+  float mn[4];
+  new_maxes(s, r0, mx, sl2, mn);
   __m512 ps[4];
   for (int u = 0; u < 4; ++u) {
-    const int64_t r = r0 + u;
-    const float mn = std::max(s.m[r], mt[u]);
-    const __m512 mv = _mm512_set1_ps(mn);
+    const __m512 mv = _mm512_set1_ps(mn[u]);
     __m512 p[4];
     for (int c = 0; c < 4; ++c) p[c] = exp2_512(_mm512_fmsub_ps(acc[u][c], sl2, mv));
     if (diag)
       for (int c = 0; c < 4; ++c) p[c] = _mm512_maskz_mov_ps(km[u][c], p[c]);
-    alpha[u] = s.m[r] == mn ? 1.0f : std::exp2(s.m[r] - mn);
-    s.m[r] = mn;
     ps[u] = _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3]));
     // bf16 pairs in key order: word m = (p[2m], p[2m+1])
     _mm512_storeu_si512(&p_out[u * KW], (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
     _mm512_storeu_si512(&p_out[u * KW + 16], (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
   }
-  _mm_store_ps(ls, reduce4<false>(ps));
-  for (int u = 0; u < 4; ++u) s.l[r0 + u] = s.l[r0 + u] * alpha[u] + ls[u];
+  rescale_rows(s, r0, mn, ps, alpha);
 }
 
 // An item's rows: query tokens [i0, i0 + ti) of KV head h, R = ti·G rows (token-major, head g of

@@ -12,12 +12,12 @@
 // on one; an offline 8-row decode step 19.7-19.9 -> 17.8-18.0 ms (BENCHMARKS.md, fifteenth
 // pass). Prefetches change no result: only timing.
 //
-// KvPacer: a cursor over one item's lines (position by position, `span` bytes of each K row
-// and the same of its V row). cache: the pool's bytes; table: the
-// token's block ids (int32); block_bytes: bytes of one block id (all layers); layer_off: this
-// layer's K within a block; head_off: the item's first head within a row; N: context
-// positions; BS: block size; row_bytes: one position's K row (all heads); vstride: K row to
-// V row. start(calls): per_pos for `calls` advance-per-position calls; finish(): the rest.
+// KvPacer: a cursor over one item's lines (position by position, `span` bytes of each K row and the
+// same of its V row). cache: the pool's bytes; table: the token's block ids (int32); block_bytes:
+// bytes of one block id (all layers); layer_off: this layer's K within a block; head_off: the
+// item's first head within a row; N: context positions; BS: block size; row_bytes: one position's K
+// row (all heads); vstride: K row to V row. start(calls): per_pos for `calls` advance-per-position
+// calls; finish(): the rest.
 #pragma once
 #include <cstdint>
 

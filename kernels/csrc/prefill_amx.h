@@ -1,8 +1,8 @@
-// The AMX variant of cpu_prefill.cpp's work item (included by it after Args, Scratch and
-// reduce4; kernels/cpu_prefill.py says when it runs). FlashAttention's online softmax as in the
-// AVX512_BF16 item, with q·k and p·v on Intel AMX (TDPBF16PS, Intel SDM vol. 2, "TDPBF16PS";
-// Intel Optimization Reference Manual, "Intel AMX"), over blocks of TB = 4 key tiles (256
-// keys, aligned at position 0) instead of one:
+// The AMX variant of cpu_prefill.cpp's work item (included by it after Args, Scratch and the
+// online-softmax bookkeeping new_maxes / rescale_rows; kernels/cpu_prefill.py says when it runs).
+// FlashAttention's online softmax as in the AVX512_BF16 item, with q·k and p·v on Intel AMX
+// (TDPBF16PS, Intel SDM vol. 2, "TDPBF16PS"; Intel Optimization Reference Manual, "Intel AMX"),
+// over blocks of TB = 4 key tiles (256 keys, aligned at position 0) instead of one:
 //   scores  S[16 rows, 256 keys] = Q[16 rows, D] · Kᵀ        per 64-key tile, TDPBF16PS: A = 16
 //                                                             rows × 16 d pairs of q, B = 16 d
 //                                                             pairs × 16 keys of the packed K
@@ -74,6 +74,14 @@ BATON_AMX_TARGET inline __m512 exp2_p(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// The lanes of key vector c (keys 16c + lane of the block) at or before lim (a row's last
+// visible key, every lane).
+BATON_AMX_TARGET inline __mmask16 seen(__m512i lim, int64_t c) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_cmple_epi32_mask(
+      _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(16 * c))), lim);
+}
+
 // The online-softmax step of rows r0..r0+3 over one block of keys from n0: scores sc (row u at
 // sc + u·BK, keys n0 + 16c + lane for vectors c < nv; later vectors and keys past a row's last
 // position count as −inf). Updates s.m and s.l, writes each row's α to alpha[u] and its bf16 p
@@ -81,30 +89,25 @@ BATON_AMX_TARGET inline __m512 exp2_p(__m512 x) {
 BATON_AMX_TARGET inline void softmax_block(Scratch& s, int64_t r0, int64_t n0, const float* sc,
                                            int64_t nv, __m512 sl2, uint32_t* p_out,
                                            float* alpha) {
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 mx[4];
   int64_t vis[4];
+  __m512i lim[4];
+  __m512 mx[4];
   for (int u = 0; u < 4; ++u) {
     vis[u] = s.last[r0 + u] - n0;  // the row's last visible key of the block (may be < 0)
-    const __m512i lim = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(vis[u], -1, BK)));
-    __m512 m = ninf;
+    lim[u] = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(vis[u], -1, BK)));
+    __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t c = 0; c < nv; ++c) {
       const __m512 v = _mm512_loadu_ps(sc + u * BK + 16 * c);
       m = 16 * c + 15 <= vis[u] ? _mm512_max_ps(m, v)
-          : _mm512_mask_max_ps(m, _mm512_cmple_epi32_mask(
-                _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(16 * c))), lim), m, v);
+                                : _mm512_mask_max_ps(m, seen(lim[u], c), m, v);
     }
     mx[u] = m;
   }
-  alignas(16) float mt[4], ls[4];
-  _mm_store_ps(mt, _mm_mul_ps(reduce4<true>(mx), _mm512_castps512_ps128(sl2)));
+  float mn[4];
+  new_maxes(s, r0, mx, sl2, mn);
   __m512 ps[4];
   for (int u = 0; u < 4; ++u) {
-    const int64_t r = r0 + u;
-    const float mn = std::max(s.m[r], mt[u]);
-    const __m512 mv = _mm512_set1_ps(mn);
-    const __m512i lim = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(vis[u], -1, BK)));
+    const __m512 mv = _mm512_set1_ps(mn[u]);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < nv; c += 2) {
       __m512 p[2];
@@ -112,19 +115,14 @@ BATON_AMX_TARGET inline void softmax_block(Scratch& s, int64_t r0, int64_t n0, c
         const int64_t cj = c + j;
         if (cj >= nv || 16 * cj > vis[u]) { p[j] = _mm512_setzero_ps(); continue; }
         p[j] = exp2_p(_mm512_fmsub_ps(_mm512_loadu_ps(sc + u * BK + 16 * cj), sl2, mv));
-        if (16 * cj + 15 > vis[u])
-          p[j] = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(
-              _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(16 * cj))), lim), p[j]);
+        if (16 * cj + 15 > vis[u]) p[j] = _mm512_maskz_mov_ps(seen(lim[u], cj), p[j]);
       }
       sum = _mm512_add_ps(sum, _mm512_add_ps(p[0], p[1]));
       _mm512_storeu_si512(&p_out[u * BW + 8 * c], (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
     }
-    alpha[u] = s.m[r] == mn ? 1.0f : std::exp2(s.m[r] - mn);
-    s.m[r] = mn;
     ps[u] = sum;
   }
-  _mm_store_ps(ls, reduce4<false>(ps));
-  for (int u = 0; u < 4; ++u) s.l[r0 + u] = s.l[r0 + u] * alpha[u] + ls[u];
+  rescale_rows(s, r0, mn, ps, alpha);
 }
 
 // One item (KV head h, query tokens [qt·a.qt, +a.qt)) in groups of 16 rows; the caller holds a

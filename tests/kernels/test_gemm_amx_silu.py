@@ -92,6 +92,8 @@ def test_gate_up_linear_fuses_only_past_the_gemv_rows() -> None:
     assert torch.equal(y, cpu_decode.silu_mul(plain(x)))
     base = y.as_strided((64, inter), (inter, 1))  # rows_out's buffer: the tail is zeros
     assert base[45:].abs().sum() == 0
+    assert paired.fuses_silu(45, torch.bfloat16) and not paired.fuses_silu(8, torch.bfloat16)
+    assert not plain.fuses_silu(45, torch.bfloat16)
     assert paired.silu_mul(x[:8]) is None  # the GEMV's rows: the caller runs two ops
     assert plain.silu_mul(x) is None
     assert paired.silu_mul(x.float()) is None
