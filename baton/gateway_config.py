@@ -142,7 +142,8 @@ class GatewayConfig:
     tokenize, check schemas) off the event loop, and how long one request's preparation may
     take (then a 400 naming the field it was on; gateway/prep_pool.py). limits: what one
     request may carry (n, tools, schema bytes and depth; baton/request_limits.py). cors:
-    browser access (CorsConfig).
+    browser access (CorsConfig). return_tokens_as_token_ids: logprobs name tokens by id
+    (`token_id:N`), for clients that map them back to ids without the tokenizer.
     """
 
     model: str = flag("smollm2-135m", "registered name or Hugging Face model folder")
@@ -187,6 +188,9 @@ class GatewayConfig:
     shutdown_grace_s: float = flag(
         30.0, "after SIGTERM: seconds running requests may finish (new ones: 503)")
     access_log: bool = flag(False, "log every HTTP request")
+    return_tokens_as_token_ids: bool = flag(
+        False, "logprobs name each token \"token_id:N\" (vLLM's flag; a request's own "
+               "return_tokens_as_token_ids wins)")
     log_level: str = flag("info", "debug, info, warning or error")
     router: RouterConfig = field(default_factory=RouterConfig)
     slo_ttft_ms: float | None = flag(

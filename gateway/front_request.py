@@ -83,7 +83,8 @@ class RequestView:
     text, put before its choices' (completions' `echo`; echo_only: nothing else);
     prompt_logprobs: answer vLLM's `prompt_logprobs` field; continuous_usage: usage on every
     chunk of a stream (vLLM's stream_options.continuous_usage_stats, with include_usage);
-    role: the answer's (OutputSpec.role)."""
+    role: the answer's (OutputSpec.role); tokens_as_ids: logprobs name tokens `token_id:N`
+    (vLLM's return_tokens_as_token_ids; None: the gateway's --return-tokens-as-token-ids)."""
 
     model: str
     n: int
@@ -95,6 +96,7 @@ class RequestView:
     prompt_logprobs: bool = False
     continuous_usage: bool = False
     role: str = "assistant"
+    tokens_as_ids: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from gateway.dispatch import Dispatcher
 from gateway.drain import Drain, shutting_down
 from gateway.errors import GatewayError, error_body_for, status_phrase
 from gateway.ignored_fields import IgnoredFieldLog
+from gateway.logprobs_output import token_id_text
 from gateway.messages_api import MessagesRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.prep_pool import PrepPool
@@ -169,7 +170,10 @@ class Routes:
                           echo_only=view.echo_only, prompt_logprobs=view.prompt_logprobs,
                           prompt_heads=tuple(p.prompt_token_ids[0] for p in prepared.prompts),
                           continuous_usage=view.continuous_usage, role=view.role)
-        presenter = OpenAIPresenter(spec, self.prompts.token_text)
+        as_ids = self.config.return_tokens_as_token_ids if view.tokens_as_ids is None \
+            else view.tokens_as_ids
+        token_text = token_id_text(self.prompts.token_text) if as_ids else self.prompts.token_text
+        presenter = OpenAIPresenter(spec, token_text)
         return await self.relay.respond(request, prepared, rid, presenter, headers)
 
 

@@ -10,7 +10,10 @@
                  "decoded_token"}, ...}, ...], one entry per prompt token, each with the
                  prompt token and its top k
 
-A logprob of -inf is written -9999.0 (JSON has no infinity; vLLM's value).
+A logprob of -inf is written -9999.0 (JSON has no infinity; vLLM's value). With vLLM's
+`return_tokens_as_token_ids` the logprobs name each token "token_id:N" (`token_id_text`):
+chat's `token` and its top_logprobs', completions' `tokens` and top_logprobs keys; `bytes`,
+`text_offset` and prompt_logprobs' `decoded_token` stay the token's own, as vLLM's do.
 """
 from __future__ import annotations
 
@@ -19,6 +22,22 @@ from collections.abc import Callable, Sequence
 
 TokenText = Callable[[int], str]
 NEG_INF = -9999.0
+
+
+def token_id_text(token_text: TokenText) -> TokenText:
+    """A TokenText naming each token "token_id:N" (vLLM's return_tokens_as_token_ids, so a
+    client maps logprobs back to ids without the tokenizer, whatever the token's bytes),
+    carrying `token_text`'s `bytes` reader and `text` (its own decode) along."""
+    def by_id(token_id: int) -> str:
+        return f"token_id:{token_id}"
+    by_id.bytes = getattr(token_text, "bytes", None) or (lambda t: token_text(t).encode())
+    by_id.text = token_text
+    return by_id
+
+
+def _text(token_text: TokenText) -> TokenText:
+    """The token's own text (not its id name) for `decoded_token`."""
+    return getattr(token_text, "text", token_text)
 
 
 def _finite(x: float) -> float:
@@ -98,9 +117,9 @@ def prompt_logprobs_field(lps: Sequence, token_text: TokenText) -> list:
     out: list = [None]
     for lp in lps:
         entry = {str(lp.token_id): {"logprob": _finite(lp.logprob), "rank": lp.rank or None,
-                                    "decoded_token": token_text(lp.token_id)}}
+                                    "decoded_token": _text(token_text)(lp.token_id)}}
         for rank, t in enumerate(lp.top, start=1):
             entry.setdefault(str(t.token_id), {"logprob": _finite(t.logprob), "rank": rank,
-                                               "decoded_token": token_text(t.token_id)})
+                                               "decoded_token": _text(token_text)(t.token_id)})
         out.append(entry)
     return out

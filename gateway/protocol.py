@@ -144,6 +144,8 @@ class _Generation(Request):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # vLLM's: keep only the prompt's last k tokens (-1: the context length); front_door.py
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # vLLM's: logprobs name each token "token_id:N" (null: the gateway's flag)
+    return_tokens_as_token_ids: bool | None = None
 
     def check(self) -> None:
         """Checks across fields, made after parsing (RequestError naming the field)."""
@@ -229,7 +231,8 @@ class _Generation(Request):
         return RequestView(self.model, self.n, self.stream, self.include_usage,
                            self.num_logprobs, prompt_logprobs=self.prompt_logprobs is not None,
                            continuous_usage=self.include_usage and bool(
-                               self.stream_options.continuous_usage_stats))
+                               self.stream_options.continuous_usage_stats),
+                           tokens_as_ids=self.return_tokens_as_token_ids)
 
 
 class ChatCompletionRequest(_Generation):
