@@ -32,6 +32,9 @@ stopped. Configurations and the reference each is compared with:
                     (`--vllm-python`), in the machine's dtype (`--vllm-dtype auto`:
                     bfloat16 with AVX512_BF16/AMX, else float32, as Baton's `--dtype auto`);
                     compare Baton with it by `--reference vllm`
+    vllm-pd         the same vLLM as a prefill and a decode server on the     vs vllm
+                    same cores, joined by its NixlConnector behind the proxy of its
+                    NIXL tests (bench/vllm_pd.py): the peer's own P/D on this host
 
 The routing configurations use colocated workers (`--routing-workers`, default 2; each
 prefills its own requests, pinned to the CPUs in turn) with the same bounded KV pool per worker (`--routing-num-blocks`, 640 blocks of 16

@@ -39,6 +39,8 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
         "--spec-benchmark-synthetic-acceptance", "0.7")), "colocated"),
     "hf": (ServerSpec("hf", kind="hf"), None),
     "vllm": (ServerSpec("vllm", kind="vllm"), None),
+    # vLLM's own P/D on the same cores (NixlConnector; bench/vllm_pd.py), vs vLLM colocated
+    "vllm-pd": (ServerSpec("vllm-pd", kind="vllm-pd", extra_args=("share",)), "vllm"),
 }
 ROUTING = ("session", "kv", "round-robin")
 TIERED = ("tiers", "no-tiers")
@@ -79,10 +81,10 @@ def spec_for(name: str, routing_num_blocks: int = ROUTING_NUM_BLOCKS,
     with the bounded pool; the tier pair gets the small pool, "tiers" a host tier below it;
     "admission" is "disaggregated" whose gateway rejects (429) a request predicted to miss
     the TTFT SLO `slo_ttft_s` (seconds: the bench's own --slo-ttft, so the requests it
-    admits are judged by the SLO it predicts for); "vllm" runs `vllm` (default: vLLM from
-    this interpreter, the machine's dtype)."""
+    admits are judged by the SLO it predicts for); "vllm" and "vllm-pd" run `vllm`
+    (default: vLLM from this interpreter, the machine's dtype)."""
     spec = CONFIGS[name][0]
-    if name == "vllm":
+    if name in ("vllm", "vllm-pd"):
         return replace(spec, vllm=vllm or VllmSpec(sys.executable))
     if name == "admission":
         spec = replace(spec, extra_args=spec.extra_args + (

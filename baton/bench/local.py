@@ -25,8 +25,10 @@ from baton.bench.vllm_server import VllmSpec
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """A configuration to start. kind: "baton" (baton up), "hf" (transformers baseline) or
-    "vllm" (`vllm` says how; served as `model`, from the folder Baton resolves it to)."""
+    """A configuration to start. kind: "baton" (baton up), "hf" (transformers baseline),
+    "vllm" (`vllm` says how; served as `model`, from the folder Baton resolves it to) or
+    "vllm-pd" (the same vLLM as a prefill and a decode server, vllm_pd.py; extra_args:
+    its `--pin`)."""
 
     name: str
     kind: str = "baton"
@@ -38,9 +40,11 @@ class ServerSpec:
     vllm: VllmSpec | None = None
 
     def argv(self, model: str, port: int, log_dir: Path | None = None) -> list[str]:
-        if self.kind == "vllm":
+        if self.kind in ("vllm", "vllm-pd"):
             from baton.models.registry import resolve_model
 
+            if self.kind == "vllm-pd":
+                return self.vllm.pd_argv(resolve_model(model), model, port, *self.extra_args)
             return self.vllm.argv(resolve_model(model), model, port) + list(self.extra_args)
         if self.kind == "hf":
             return [sys.executable, "-m", "baton.bench.hf_baseline", "--model", model,
@@ -56,7 +60,7 @@ class ServerSpec:
 
     def env(self) -> dict[str, str] | None:
         """The process's environment (None: this process's)."""
-        return self.vllm.env() if self.kind == "vllm" else None
+        return self.vllm.env() if self.kind in ("vllm", "vllm-pd") else None
 
     def describe(self) -> dict:
         out = {"name": self.name, "kind": self.kind, "mode": self.mode, "routing": self.routing,

@@ -71,11 +71,21 @@ class VllmSpec:
         return resolve_dtype(self.dtype, "cpu")
 
     def argv(self, folder: Path | str, served_name: str, port: int) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-                "--served-model-name", served_name, "--dtype", self.resolved_dtype,
-                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
-                "--host", "127.0.0.1", "--port", str(port)]
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server",
+                *self.server_args(folder, served_name), "--port", str(port)]
+
+    def server_args(self, folder: Path | str, served_name: str) -> list[str]:
+        """The api_server flags but its port (vllm_pd.py gives each of its two servers one)."""
+        return ["--model", str(folder), "--served-model-name", served_name, "--dtype",
+                self.resolved_dtype, "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                "--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--host", "127.0.0.1"]
+
+    def pd_argv(self, folder: Path | str, served_name: str, port: int,
+                pin: str = "share") -> list[str]:
+        """vLLM's own P/D on this host (vllm_pd.py: a prefill and a decode server joined by
+        its NixlConnector, behind the proxy of vLLM's NIXL tests on `port`)."""
+        return [self.python, str(Path(__file__).with_name("vllm_pd.py")), "--port", str(port),
+                "--pin", pin, "--", *self.server_args(folder, served_name)]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """`base` (default: this process's environment) with vLLM's settings."""
