@@ -255,8 +255,14 @@ class ChatCompletionRequest(_Generation):
 
     def check(self) -> None:
         """top_logprobs above 0 needs logprobs true; `tools` is absent or non-empty; a
-        tool_choice other than "none" needs tools (vLLM's 400s, OpenAI's rules)."""
+        tool_choice other than "none" needs tools; a `content` sent as null is an assistant
+        message's only (vLLM's 400s, OpenAI's rules)."""
         self.check_stream_fields()
+        for i, m in enumerate(self.messages):
+            if m.content is None and "content" in m.model_fields_set and m.role != "assistant":
+                raise RequestError(f"Invalid type for 'messages[{i}].content': expected a "
+                                   "string or an array of content parts, but got null instead.",
+                                   f"messages[{i}].content")
         if self.top_logprobs and not self.logprobs:
             raise RequestError("when using `top_logprobs`, `logprobs` must be set to true",
                                "top_logprobs")

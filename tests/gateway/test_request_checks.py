@@ -257,3 +257,23 @@ async def test_empty_tools_and_a_tool_choice_without_tools_are_a_400(gateway, fa
     assert len(fake.servicer.requests) == sent
     ok = await post(gateway, "/v1/chat/completions", {**CHAT, "tool_choice": "none"})
     assert ok.status_code == 200, ok.text
+
+
+async def test_null_content_is_an_assistant_messages_only(gateway, fake):
+    """OpenAI's and vLLM's 400: a user, system or tool message whose content is null (it was
+    served as an empty turn); an assistant's null content (with tool calls) and a message
+    without the field stay accepted, as vLLM accepts them."""
+    sent = len(fake.servicer.requests)
+    for role in ("user", "system", "tool"):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "messages": [
+            {"role": "user", "content": "hi"}, {"role": role, "content": None}]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "messages[1].content"
+    assert len(fake.servicer.requests) == sent
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for messages in ([{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+                     [{"role": "user"}]):
+        r = await post(gateway, "/v1/chat/completions", {**CHAT, "messages": messages})
+        assert r.status_code == 200, r.text
