@@ -27,10 +27,10 @@ NEG_INF = -9999.0
 def token_id_text(token_text: TokenText) -> TokenText:
     """A TokenText naming each token "token_id:N" (vLLM's return_tokens_as_token_ids, so a
     client maps logprobs back to ids without the tokenizer, whatever the token's bytes),
-    carrying `token_text`'s `bytes` reader and `text` (its own decode) along."""
+    with `bytes` (the token's own, `_raw` of `token_text`) and `text` (its own decode)."""
     def by_id(token_id: int) -> str:
         return f"token_id:{token_id}"
-    by_id.bytes = getattr(token_text, "bytes", None) or (lambda t: token_text(t).encode())
+    by_id.bytes = lambda t: _raw(token_text, t)
     by_id.text = token_text
     return by_id
 
@@ -115,11 +115,12 @@ def completion_logprobs(lps: Sequence, token_text: TokenText,
 def prompt_logprobs_field(lps: Sequence, token_text: TokenText) -> list:
     """vLLM's `prompt_logprobs` of a prompt whose tokens after the first are `lps`."""
     out: list = [None]
+    text = _text(token_text)
     for lp in lps:
         entry = {str(lp.token_id): {"logprob": _finite(lp.logprob), "rank": lp.rank or None,
-                                    "decoded_token": _text(token_text)(lp.token_id)}}
+                                    "decoded_token": text(lp.token_id)}}
         for rank, t in enumerate(lp.top, start=1):
             entry.setdefault(str(t.token_id), {"logprob": _finite(t.logprob), "rank": rank,
-                                               "decoded_token": _text(token_text)(t.token_id)})
+                                               "decoded_token": text(t.token_id)})
         out.append(entry)
     return out

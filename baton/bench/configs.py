@@ -40,7 +40,7 @@ CONFIGS: dict[str, tuple[ServerSpec, str | None]] = {
     "hf": (ServerSpec("hf", kind="hf"), None),
     "vllm": (ServerSpec("vllm", kind="vllm"), None),
     # vLLM's own P/D on the same cores (NixlConnector; bench/vllm_pd.py), vs vLLM colocated
-    "vllm-pd": (ServerSpec("vllm-pd", kind="vllm-pd", extra_args=("share",)), "vllm"),
+    "vllm-pd": (ServerSpec("vllm-pd", kind="vllm-pd"), "vllm"),
 }
 ROUTING = ("session", "kv", "round-robin")
 TIERED = ("tiers", "no-tiers")

@@ -27,8 +27,8 @@ from baton.bench.vllm_server import VllmSpec
 class ServerSpec:
     """A configuration to start. kind: "baton" (baton up), "hf" (transformers baseline),
     "vllm" (`vllm` says how; served as `model`, from the folder Baton resolves it to) or
-    "vllm-pd" (the same vLLM as a prefill and a decode server, vllm_pd.py; extra_args:
-    its `--pin`)."""
+    "vllm-pd" (the same vLLM as a prefill and a decode server sharing the cores,
+    vllm_pd.py)."""
 
     name: str
     kind: str = "baton"
@@ -44,7 +44,7 @@ class ServerSpec:
             from baton.models.registry import resolve_model
 
             if self.kind == "vllm-pd":
-                return self.vllm.pd_argv(resolve_model(model), model, port, *self.extra_args)
+                return self.vllm.pd_argv(resolve_model(model), model, port)
             return self.vllm.argv(resolve_model(model), model, port) + list(self.extra_args)
         if self.kind == "hf":
             return [sys.executable, "-m", "baton.bench.hf_baseline", "--model", model,
